@@ -1,0 +1,35 @@
+"""ASGI entry point: Channels routes the event stream in front of Django (EB-22).
+
+``GET /session/<id>/events`` goes to :class:`sessions.stream.SessionEventStream`, a plain
+async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
+thread per in-flight request for as long as its response streams). Everything else,
+including ``POST`` to the same path, goes to Django.
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
+django_application = get_asgi_application()
+
+# Imported after Django is set up: they use models and settings.
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.sessions import SessionMiddlewareStack  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
+
+from sessions.stream import SessionEventStream  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": URLRouter(
+            [
+                path(
+                    "session/<str:session_id>/events",
+                    SessionMiddlewareStack(SessionEventStream(django_application)),
+                ),
+                re_path(r"", django_application),
+            ]
+        ),
+    }
+)

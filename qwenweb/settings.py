@@ -1,0 +1,144 @@
+"""Django settings for qwenweb: project wiring only.
+
+Every value a deployment changes comes from the environment, with embedded defaults for the
+demo (SQLite, in-memory bus, DEBUG on):
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``DJANGO_SECRET_KEY`` | a fixed demo key (DEBUG only) | signs tokens and sessions |
+| ``DJANGO_DEBUG`` | ``1`` | ``0`` for production |
+| ``DJANGO_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,[::1]`` | comma-separated |
+| ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | e.g. ``postgres://user@127.0.0.1:5432/qwenweb`` |
+| ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+DEBUG = _env_bool("DJANGO_DEBUG", True)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG=0")
+    SECRET_KEY = "qwenweb-demo-insecure-key-do-not-use-in-production"  # noqa: S105
+
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+    if host.strip()
+]
+
+INSTALLED_APPS = [
+    # Before daphne, so its `runserver` (with --event-ring-size) wins over daphne's.
+    "sessions.apps.SessionsConfig",
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_eventstream",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "qwenweb.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "qwenweb.asgi.application"
+WSGI_APPLICATION = None
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
+        conn_max_age=0,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+LOGIN_URL = "/admin/login/"
+
+# The event bus and its route (shared/spec/event-bus.md section 6). Read through
+# `sessions.conf.get_config()`; each key can be overridden by the environment variable
+# named in `sessions.conf.ENV_OVERRIDES`.
+QWENWEB = {
+    "RING_SIZE": 8000,
+    "MAX_SUBSCRIBERS": 64,
+    "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
+    "HEARTBEAT_INTERVAL_S": 15.0,
+    "TOKEN_LIFETIME_S": 3600,
+    "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
+    "ID_RESERVATION_BLOCK": 100_000,
+    "BACKEND": "memory",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "loggers": {
+        "qwenweb": {
+            "handlers": ["console"],
+            "level": os.environ.get("QWENWEB_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        },
+    },
+}

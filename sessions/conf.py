@@ -1,0 +1,143 @@
+"""The event bus settings: one dict, ``settings.QWENWEB``, overridable from the environment.
+
+Spec: ``shared/spec/event-bus.md`` section 6. :func:`get_config` returns a frozen
+:class:`QwenwebConfig`; ``checks.py`` reports bad values at start-up (``manage.py check``,
+``runserver``) with the allowed range, and :func:`get_config` raises
+``ImproperlyConfigured`` with the same message if one slips through.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any, Final
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from sessions.bus import MAX_EVENT_RING_SIZE, MAX_SAFE_INTEGER
+
+__all__ = ["ENV_OVERRIDES", "QwenwebConfig", "config_errors", "get_config"]
+
+#: settings key -> environment variable that overrides it.
+ENV_OVERRIDES: Final = {
+    "RING_SIZE": "QWENWEB_RING_SIZE",
+    "MAX_SUBSCRIBERS": "QWENWEB_MAX_SUBSCRIBERS",
+    "MAX_QUEUED_BYTES": "QWENWEB_MAX_QUEUED_BYTES",
+    "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
+    "TOKEN_LIFETIME_S": "QWENWEB_TOKEN_LIFETIME_S",
+    "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
+    "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
+    "BACKEND": "QWENWEB_BACKEND",
+}
+
+_DEFAULTS: Final[dict[str, Any]] = {
+    "RING_SIZE": 8000,
+    "MAX_SUBSCRIBERS": 64,
+    "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
+    "HEARTBEAT_INTERVAL_S": 15.0,
+    "TOKEN_LIFETIME_S": 3600,
+    "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
+    "ID_RESERVATION_BLOCK": 100_000,
+    "BACKEND": "memory",
+}
+
+# key -> (kind, minimum, maximum)
+_RANGES: Final[dict[str, tuple[type, float, float]]] = {
+    "RING_SIZE": (int, 1, MAX_EVENT_RING_SIZE),
+    "MAX_SUBSCRIBERS": (int, 1, 100_000),
+    "MAX_QUEUED_BYTES": (int, 1, MAX_SAFE_INTEGER),
+    "HEARTBEAT_INTERVAL_S": (float, 0.01, 3600),
+    "TOKEN_LIFETIME_S": (int, 1, 30 * 24 * 3600),
+    "PUBLISH_MAX_BODY_BYTES": (int, 64, 64 * 1024 * 1024),
+    "ID_RESERVATION_BLOCK": (int, 2, MAX_SAFE_INTEGER // 4),
+}
+_BACKENDS: Final = ("memory",)
+
+
+@dataclass(frozen=True, slots=True)
+class QwenwebConfig:
+    """The effective bus and route settings (units in the names)."""
+
+    ring_size: int
+    max_subscribers: int
+    max_queued_bytes: int
+    heartbeat_interval_s: float
+    token_lifetime_s: int
+    publish_max_body_bytes: int
+    id_reservation_block: int
+    backend: str
+
+
+def _raw_values() -> dict[str, Any]:
+    values = dict(_DEFAULTS)
+    values.update(getattr(settings, "QWENWEB", {}) or {})
+    for key, env in ENV_OVERRIDES.items():
+        if env in os.environ:
+            values[key] = os.environ[env]
+    return values
+
+
+def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
+    """Return ``(value, None)`` or ``(None, error message)`` for one setting."""
+    source = f"QWENWEB[{key!r}]" + (
+        f" (or ${ENV_OVERRIDES[key]})" if ENV_OVERRIDES.get(key) else ""
+    )
+    if key == "BACKEND":
+        if raw in _BACKENDS:
+            return raw, None
+        return None, f"{source} must be one of {', '.join(_BACKENDS)}; got {raw!r}"
+    kind, low, high = _RANGES[key]
+    value: Any
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        if kind is int:
+            value = int(raw.strip()) if isinstance(raw, str) else raw
+            if not isinstance(value, int):
+                raise ValueError
+        else:
+            value = float(raw.strip()) if isinstance(raw, str) else float(raw)
+    except (TypeError, ValueError):
+        return None, f"{source} must be {'an integer' if kind is int else 'a number'}; got {raw!r}"
+    if not low <= value <= high:
+        return None, f"{source} must be in [{low:_}, {high:_}]; got {value!r}"
+    return value, None
+
+
+def config_errors() -> list[str]:
+    """Return one message per bad setting (empty when all are valid). Never raises."""
+    errors = []
+    for key, raw in _raw_values().items():
+        if key in _DEFAULTS:
+            _, error = _coerce(key, raw)
+            if error:
+                errors.append(error)
+    return errors
+
+
+@functools.cache
+def get_config() -> QwenwebConfig:
+    """Return the effective configuration (cached; cleared when a setting changes).
+
+    Raises:
+        ImproperlyConfigured: a value is of the wrong type or out of range; the message
+            names the setting, its environment variable and the allowed range.
+    """
+    values = _raw_values()
+    out: dict[str, Any] = {}
+    for key in _DEFAULTS:
+        value, error = _coerce(key, values[key])
+        if error:
+            raise ImproperlyConfigured(error)
+        out[key.lower()] = value
+    return QwenwebConfig(**out)
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "QWENWEB":
+        get_config.cache_clear()

@@ -1,0 +1,238 @@
+"""The live side of sessions: one :class:`~sessions.bus.EventBus` per open session.
+
+This is the only module that builds buses. It loads a session's row on first use, starts
+its bus above every id an earlier process could have issued (ids are reserved in blocks of
+``ID_RESERVATION_BLOCK`` and the reservation is renewed at half of a block, off the hot
+path), and keeps the buses in a process-wide :class:`~sessions.bus.Registry`.
+
+Concurrency model: everything here runs on the server's event loop (EB-11); database work
+goes through ``channels.db.database_sync_to_async`` (a worker thread for the duration of
+one query, never one per stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from channels.db import database_sync_to_async
+from django.db import transaction
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from sessions.bus import EventBus, Frame, Registry
+from sessions.conf import get_config
+from sessions.models import AgentSession
+
+__all__ = [
+    "LiveSession",
+    "SessionClosedError",
+    "SessionNotFoundError",
+    "close_session",
+    "get_live_session",
+    "publish",
+    "registry",
+    "snapshot_json",
+]
+
+logger = logging.getLogger("qwenweb.runtime")
+
+
+class SessionNotFoundError(LookupError):
+    """Raised when no session has the given id (a 404, EB-15)."""
+
+
+class SessionClosedError(Exception):
+    """Raised when the session is closed (a 204 for streams, EB-15; a 409 for publish)."""
+
+
+@dataclass(eq=False)
+class LiveSession:
+    """An open session loaded in this process: its bus and what checks need without a query."""
+
+    session_id: str
+    title: str
+    owner_id: int | None
+    bus: EventBus
+    reserved_until: int
+    created_at: str
+    _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+registry: Registry[LiveSession] = Registry()
+_background: set[asyncio.Task[Any]] = set()
+
+
+def _load_and_reserve(session_id: str) -> LiveSession:
+    """Build the bus of ``session_id`` and reserve its first block of ids (sync, DB)."""
+    config = get_config()
+    with transaction.atomic():
+        row = AgentSession.objects.select_for_update().filter(pk=session_id).first()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        if row.is_closed:
+            raise SessionClosedError(session_id)
+        start_id = row.event_id_reserved + 1
+        reserved_until = row.event_id_reserved + config.id_reservation_block
+        row.event_id_reserved = reserved_until
+        row.bus_starts += 1
+        row.save(update_fields=["event_id_reserved", "bus_starts"])
+    bus = EventBus(
+        ring_size=row.ring_size or config.ring_size,
+        max_subscribers=config.max_subscribers,
+        max_queued_bytes=config.max_queued_bytes,
+        start_id=start_id,
+    )
+    logger.info(
+        "bus_started session=%s start_id=%d reserved_until=%d epoch=%s ring_size=%d",
+        session_id,
+        start_id,
+        reserved_until,
+        bus.epoch,
+        bus.ring_size,
+    )
+    return LiveSession(
+        session_id=session_id,
+        title=row.title,
+        owner_id=row.owner_id,
+        bus=bus,
+        reserved_until=reserved_until,
+        created_at=row.created_at.isoformat(),
+    )
+
+
+async def get_live_session(session_id: str) -> LiveSession:
+    """Return the loaded session ``session_id``, loading it from the database if needed.
+
+    Raises:
+        SessionNotFoundError: no such session.
+        SessionClosedError: the session is closed.
+    """
+    live = registry.get(session_id)
+    if live is not None:
+        if live.bus.closed:
+            raise SessionClosedError(session_id)
+        return live
+    loaded = await registry.get_or_create(
+        session_id, lambda: database_sync_to_async(_load_and_reserve)(session_id)
+    )
+    assert loaded is not None  # the factory raises instead of returning None
+    return loaded
+
+
+def publish(live: LiveSession, event: Mapping[str, Any]) -> Frame | None:
+    """Publish ``event`` on the session's bus (EB-2) and keep the id reservation ahead.
+
+    Never raises and never awaits: the reservation is renewed by a background task once
+    half of the current block is used.
+    """
+    frame = live.bus.publish(event)
+    if frame is not None and frame.id is not None:
+        block = get_config().id_reservation_block
+        if frame.id > live.reserved_until - block // 2 and live._renewal is None:
+            live._renewal = _spawn(_renew_reservation(live, block))
+        if frame.id > live.reserved_until:
+            logger.error(
+                "id_reservation_overrun session=%s id=%d reserved_until=%d",
+                live.session_id,
+                frame.id,
+                live.reserved_until,
+            )
+    return frame
+
+
+async def _renew_reservation(live: LiveSession, block: int) -> None:
+    try:
+        target = live.bus.last_event_id + block
+        await database_sync_to_async(_save_progress)(live, target)
+        live.reserved_until = max(live.reserved_until, target)
+    except Exception:
+        logger.exception("id_reservation_failed session=%s", live.session_id)
+    finally:
+        live._renewal = None
+
+
+def _save_progress(live: LiveSession, reserved_until: int | None = None, **extra: Any) -> None:
+    """Persist the bus's counters (and a new reservation) on the session's row (sync, DB)."""
+    stats = live.bus.stats()
+    updates: dict[str, Any] = {
+        "last_event_id": stats.last_event_id,
+        "events_published": stats.published,
+        "slow_client_warnings": stats.slow_client_warnings,
+        "evictions": sum(stats.evictions.values()),
+        "peak_subscribers": stats.peak_subscribers,
+        **extra,
+    }
+    if reserved_until is not None:
+        updates["event_id_reserved"] = Greatest("event_id_reserved", reserved_until)
+    AgentSession.objects.filter(pk=live.session_id).update(**updates)
+
+
+async def close_session(session_id: str, *, reason: str, closed_by: str = "") -> int:
+    """Close a session: publish ``session_closed``, close its bus (EB-9), mark the row.
+
+    Returns the last event id. Raises :class:`SessionNotFoundError` or
+    :class:`SessionClosedError` (already closed).
+    """
+    live = await get_live_session(session_id)
+    publish(live, {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}})
+    live.bus.close()
+    registry.pop(session_id)
+    await database_sync_to_async(_save_progress)(
+        live, status=AgentSession.Status.CLOSED, closed_at=timezone.now()
+    )
+    logger.info("session_closed session=%s last_event_id=%d", session_id, live.bus.last_event_id)
+    return live.bus.last_event_id
+
+
+def snapshot_json(live: LiveSession) -> bytes:
+    """Return the load-session body (section 5): metadata, cursor, epoch and the ring.
+
+    Shape: ``{"id", "title", "status", "createdAt", "lastEventId", "epoch",
+    "subscriberCount", "ringSize", "earliestAvailableId", "events": [...]}``; ``events``
+    starts with a synthetic ``{"v":1,"type":"history_truncated","data":
+    {"earliestAvailableId": N}}`` when events before the ring's first were dropped. Event
+    bytes are the ones serialized at publish time (``orjson.Fragment``), not re-encoded.
+    """
+    bus = live.bus
+    ring = bus.ring_snapshot()
+    earliest = ring[0].id if ring else bus.next_id
+    assert earliest is not None
+    events: list[Any] = []
+    if earliest > 1:
+        events.append({"v": 1, "type": "history_truncated", "data": {"earliestAvailableId": earliest}})
+    events.extend(orjson.Fragment(f.json) if f.json is not None else dict(f) for f in ring)
+    return orjson.dumps(
+        {
+            "id": live.session_id,
+            "title": live.title,
+            "status": "closed" if bus.closed else "open",
+            "createdAt": live.created_at,
+            "lastEventId": bus.last_event_id,
+            "epoch": bus.epoch,
+            "subscriberCount": bus.subscriber_count,
+            "ringSize": bus.ring_size,
+            "earliestAvailableId": earliest,
+            "events": events,
+        },
+        default=str,
+    )
+
+
+def _spawn(coro: Any) -> asyncio.Task[Any]:
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+async def flush_all() -> None:
+    """Persist every loaded session's counters and wait for pending renewals (shutdown)."""
+    for live in registry.values():
+        await database_sync_to_async(_save_progress)(live)
+    if _background:
+        await asyncio.gather(*list(_background), return_exceptions=True)

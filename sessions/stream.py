@@ -1,0 +1,372 @@
+"""``GET /session/<id>/events``: the session's event bus as Server-Sent Events.
+
+Contract: ``shared/spec/event-bus.md`` section 4 (EB-12 ... EB-20, EB-22).
+
+Concurrency model
+    This is a plain ASGI application routed by Channels in front of Django's
+    ``ASGIHandler`` (``qwenweb.asgi``), so an open stream is one coroutine on the server's
+    event loop: no OS thread is pinned per stream (EB-22). Database work (the login
+    session, loading a session's row) runs through ``database_sync_to_async`` for the
+    duration of one query. While the stream is open, two tasks run side by side: the
+    *pump* moves frames from the subscription to ``send`` and writes heartbeats, and the
+    *watcher* waits for ``http.disconnect``. Whichever ends first ends the other, and the
+    subscription is aborted in ``finally`` (EB-20).
+
+Overflow policy
+    The pump drains the subscriber queue only as fast as ``send`` returns, so a server
+    whose ``send`` waits on the socket turns a client that stops reading into a full
+    queue, then ``slow_client_warning`` and ``client_evicted`` (EB-4, EB-5, EB-21). The
+    frames already queued are written in one ``send`` of at most ``_MAX_BATCH_BYTES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+import orjson
+from channels.auth import get_user
+
+from sessions import runtime
+from sessions.auth import TokenError, parse_bearer, verify_token
+from sessions.bus import Frame, SubscriberLimitExceededError, Subscription
+from sessions.conf import get_config
+from sessions.models import normalize_session_id
+from sessions.sse import (
+    DEFAULT_RETRY_MS,
+    HEARTBEAT,
+    encode_frame,
+    encode_retry,
+    parse_epoch,
+    parse_last_event_id,
+    sanitize_for_log,
+)
+from sessions.views import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN
+
+__all__ = ["SessionEventStream", "encode_synthetic", "pump_frames"]
+
+logger = logging.getLogger("qwenweb.stream")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+LIMIT_RETRY_MS: Final = 5000
+_MAX_BATCH_BYTES: Final = 256 * 1024
+_STREAM_HEADERS: Final = (
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+)
+
+
+class _Reject(Exception):
+    """Raised to answer the request with a JSON error before any stream byte (EB-12 ... EB-15)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def encode_synthetic(frame: Frame) -> bytes:
+    """Serialize a synthetic frame with ``_meta.serverTimestamp`` set now (EB-18). No ``id``."""
+    envelope = dict(frame)
+    envelope["_meta"] = {"serverTimestamp": time.time_ns() // 1_000_000}
+    return encode_frame(event_type=frame.type, data_json=orjson.dumps(envelope))
+
+
+def _encode(frame: Frame) -> bytes:
+    if frame.id is None:
+        return encode_synthetic(frame)
+    if frame.json is None:
+        # EB-2: the data could not be serialized. The event keeps its id and type so the
+        # client's cursor stays exact; the data goes out as null with a note.
+        envelope = dict(frame)
+        envelope["data"] = None
+        envelope["_meta"] = {**envelope.get("_meta", {}), "dataError": "not JSON-serializable"}
+        return encode_frame(
+            event_type=frame.type, data_json=orjson.dumps(envelope, default=str), event_id=frame.id
+        )
+    return encode_frame(event_type=frame.type, data_json=frame.json, event_id=frame.id)
+
+
+async def pump_frames(subscription: Subscription, send: Send, heartbeat_interval_s: float) -> None:
+    """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
+
+    Frames already queued go out together in one body message (at most 256 KiB), so a
+    burst costs one ``send`` while every frame still reaches the socket as soon as it is
+    produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
+    comment is written. Returns when the subscription ends (evicted, bus closed);
+    raises whatever ``send`` or the iterator raises.
+    """
+    iterator = aiter(subscription)
+    while True:
+        try:
+            async with asyncio.timeout(heartbeat_interval_s):
+                frame = await anext(iterator)
+        except TimeoutError:
+            await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+            continue
+        except StopAsyncIteration:
+            return
+        chunks = [_encode(frame)]
+        size = len(chunks[0])
+        while size < _MAX_BATCH_BYTES:
+            queued = subscription.next_nowait()
+            if queued is None:
+                break
+            chunk = _encode(queued)
+            chunks.append(chunk)
+            size += len(chunk)
+        await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class SessionEventStream:
+    """The ASGI application for ``/session/<session_id>/events`` (section 4).
+
+    ``GET`` and ``HEAD`` are served here; any other method is handed to ``fallback``
+    (Django, for ``POST`` = publish). Expects ``scope["url_route"]["kwargs"]
+    ["session_id"]`` (Channels' ``URLRouter``) and, for login-session auth, a
+    ``scope["session"]`` (Channels' ``SessionMiddlewareStack``).
+    """
+
+    def __init__(self, fallback: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+            await self.fallback(scope, receive, send)
+            return
+        session_id = scope["url_route"]["kwargs"]["session_id"]
+        headers = _headers(scope)
+        try:
+            live, last_event_id, epoch, max_queued = await self._admit(scope, session_id, headers)
+        except _Reject as reject:
+            await self._reject(send, scope, session_id, reject)
+            return
+        except runtime.SessionClosedError:
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        try:
+            subscription = live.bus.subscribe(
+                last_event_id=last_event_id, max_queued=max_queued, epoch=epoch
+            )
+        except SubscriberLimitExceededError as exc:
+            await self._limit_reached(send, live, exc.limit)
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*_STREAM_HEADERS, (b"x-event-epoch", live.bus.epoch.encode())],
+                }
+            )
+            if scope["method"] == "HEAD":
+                await send({"type": "http.response.body", "body": b""})
+                return
+            # daphne sends no headers until the first body bytes: write retry now (EB-18).
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": encode_retry(DEFAULT_RETRY_MS),
+                    "more_body": True,
+                }
+            )
+            await self._serve(subscription, receive, send, session_id)
+        finally:
+            subscription.abort()
+
+    async def _admit(
+        self, scope: Scope, raw_session_id: str, headers: dict[bytes, bytes]
+    ) -> tuple[runtime.LiveSession, int | None, str | None, int]:
+        """Run the checks of EB-12 ... EB-15 in order; raise ``_Reject`` on the first failure."""
+        session_id = normalize_session_id(raw_session_id)
+        authorization = headers.get(b"authorization")
+        user_id: int | None = None
+        is_staff = False
+        if authorization is not None:  # EB-12
+            try:
+                claims = verify_token(parse_bearer(authorization))
+            except TokenError as exc:
+                raise _Reject(401, "unauthorized", str(exc)) from None
+            if session_id is None or not claims.grants(session_id, "read"):
+                raise _Reject(403, "forbidden", "this token does not grant read access here")
+        else:
+            user = await get_user(scope) if "session" in scope else None
+            if user is None or not user.is_authenticated:
+                raise _Reject(
+                    401,
+                    "unauthorized",
+                    "authentication required: send Authorization: Bearer <token>",
+                )
+            user_id, is_staff = user.pk, user.is_staff
+        last_event_id, epoch = self._cursor(headers, raw_session_id)  # EB-13
+        max_queued = _parse_max_queued(scope.get("query_string", b""))  # EB-14
+        if session_id is None:  # EB-15
+            raise _Reject(404, "not_found", "unknown session")
+        try:
+            live = await runtime.get_live_session(session_id)
+        except runtime.SessionNotFoundError:
+            raise _Reject(404, "not_found", "unknown session") from None
+        if authorization is None and not (is_staff or live.owner_id == user_id):
+            raise _Reject(403, "forbidden", "only the session's owner or staff may read it")
+        return live, last_event_id, epoch, max_queued
+
+    @staticmethod
+    def _cursor(headers: dict[bytes, bytes], session_id: str) -> tuple[int | None, str | None]:
+        raw_cursor = headers.get(b"last-event-id")
+        last_event_id = parse_last_event_id(raw_cursor)
+        if raw_cursor is not None and last_event_id is None:
+            logger.warning(
+                "last_event_id_rejected session=%s value=%r (treated as absent)",
+                sanitize_for_log(session_id),
+                sanitize_for_log(raw_cursor),
+            )
+        raw_epoch = headers.get(b"x-event-epoch")
+        epoch = parse_epoch(raw_epoch)
+        if raw_epoch is not None and epoch is None:
+            logger.warning(
+                "epoch_rejected session=%s value=%r (ignored)",
+                sanitize_for_log(session_id),
+                sanitize_for_log(raw_epoch),
+            )
+        return last_event_id, epoch if last_event_id is not None else None
+
+    async def _serve(
+        self, subscription: Subscription, receive: Receive, send: Send, session_id: str
+    ) -> None:
+        pump = asyncio.ensure_future(
+            pump_frames(subscription, send, get_config().heartbeat_interval_s)
+        )
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            subscription.abort()  # EB-20: the subscriber is gone before anything else
+            for task in (pump, watcher):
+                task.cancel()
+            await asyncio.gather(pump, watcher, return_exceptions=True)
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            return  # the client went away: nothing more to write, nothing to log
+        error = pump.exception() if pump.done() and not pump.cancelled() else None
+        if error is not None:  # EB-19
+            logger.error(
+                "stream_error session=%s error=%s: %s",
+                session_id,
+                type(error).__name__,
+                sanitize_for_log(str(error), 200),
+            )
+            body = encode_frame(
+                event_type="stream_error",
+                data_json=orjson.dumps(
+                    {
+                        "v": 1,
+                        "type": "stream_error",
+                        "data": {"error": "internal error while streaming"},
+                        "_meta": {"serverTimestamp": time.time_ns() // 1_000_000},
+                    }
+                ),
+            )
+            try:
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+            except Exception:  # the connection itself may be what failed
+                logger.debug("stream_error frame could not be written", exc_info=True)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _limit_reached(self, send: Send, live: runtime.LiveSession, limit: int) -> None:
+        """EB-16: 200, ``Retry-After: 5``, ``retry: 5000``, one ``stream_error``, end."""
+        logger.warning("subscriber_limit_exceeded session=%s limit=%d", live.session_id, limit)
+        frame = encode_frame(
+            event_type="stream_error",
+            data_json=orjson.dumps(
+                {
+                    "v": 1,
+                    "type": "stream_error",
+                    "data": {
+                        "error": "subscriber limit reached",
+                        "code": "subscriber_limit_exceeded",
+                        "limit": limit,
+                        "retryAfterMs": LIMIT_RETRY_MS,
+                    },
+                    "_meta": {"serverTimestamp": time.time_ns() // 1_000_000},
+                }
+            ),
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    *_STREAM_HEADERS,
+                    (b"x-event-epoch", live.bus.epoch.encode()),
+                    (b"retry-after", b"5"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": encode_retry(LIMIT_RETRY_MS) + frame})
+
+    async def _reject(self, send: Send, scope: Scope, session_id: str, reject: _Reject) -> None:
+        logger.warning(
+            "stream_rejected session=%s status=%d code=%s error=%s client=%s",
+            sanitize_for_log(session_id),
+            reject.status,
+            reject.code,
+            reject.message,
+            (scope.get("client") or ["-"])[0],
+        )
+        body = orjson.dumps({"error": reject.message, "code": reject.code})
+        headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+        if reject.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="qwenweb"'))
+        await send({"type": "http.response.start", "status": reject.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """Return the request headers keyed by lowercase name; a repeated header keeps all values
+    joined with ``,`` (so two ``Last-Event-ID`` values are refused as one invalid value)."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope.get("headers", ()):
+        key = bytes(name).lower()
+        headers[key] = headers[key] + b"," + bytes(value) if key in headers else bytes(value)
+    return headers
+
+
+def _parse_max_queued(query_string: bytes) -> int:
+    """EB-14: absent → 256; otherwise a plain decimal in ``[16, 2048]`` or a 400."""
+    try:
+        values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("maxQueued")
+    except ValueError:
+        values = None
+    if not values:
+        return MAX_QUEUED_DEFAULT
+    raw = values[0]
+    if (
+        len(values) == 1
+        and raw.isascii()
+        and raw.isdigit()
+        and len(raw) <= 5
+        and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
+    ):
+        return int(raw)
+    raise _Reject(
+        400,
+        "invalid_max_queued",
+        f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
+    )
+
