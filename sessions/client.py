@@ -1,0 +1,214 @@
+"""Small HTTP clients for the session API, used by the terminal tools (stdlib only).
+
+* :class:`Publisher` posts events (``POST /session/<id>/events``) over one keep-alive
+  connection, retrying while the server is not up yet.
+* :class:`EventStreamClient` reads ``GET /session/<id>/events`` with
+  :class:`sessions.sse.SSEParser` and reconnects the way EventSource does: with
+  ``Last-Event-ID`` (and the ``X-Event-Epoch`` it came from) after the server's
+  ``retry`` delay, stopping for good on 204 (spec SC-9 ... SC-11, EB-13).
+
+Neither imports Django, so they work against any running server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from sessions.sse import DEFAULT_RETRY_MS, ServerSentEvent, SSEParser
+
+__all__ = ["ApiCallError", "EventStreamClient", "Publisher", "StreamEnd"]
+
+_BACKOFF_CAP_S: Final = 30.0
+
+
+class ApiCallError(Exception):
+    """Raised when the server answers a call with an error status (message from its body)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        try:
+            detail = json.loads(body).get("error", "")
+        except (ValueError, AttributeError):
+            detail = body[:200].decode("utf-8", "replace")
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+
+
+def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return cls(parts.hostname, parts.port, timeout=timeout_s), path
+
+
+class Publisher:
+    """Publish events into one session over HTTP.
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000``.
+        session_id: the session.
+        token: a token with the ``publish`` scope.
+    """
+
+    def __init__(self, base_url: str, session_id: str, token: str, timeout_s: float = 10.0) -> None:
+        self.url = f"{base_url.rstrip('/')}/session/{session_id}/events"
+        self.token = token
+        self.timeout_s = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+        self._path = ""
+
+    def publish(self, event_type: str, data: Any, *, attempts: int = 30) -> int:
+        """Publish one event; return its id.
+
+        Retries connection failures (server starting or restarting) up to ``attempts``
+        times, one second apart. Raises :class:`ApiCallError` on an error status, or
+        ``OSError`` when the server stays unreachable.
+        """
+        body = json.dumps({"type": event_type, "data": data}).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        for attempt in range(attempts):
+            try:
+                if self._conn is None:
+                    self._conn, self._path = _connection(self.url, self.timeout_s)
+                self._conn.request("POST", self._path, body=body, headers=headers)
+                response = self._conn.getresponse()
+                payload = response.read()
+            except (OSError, http.client.HTTPException):
+                self.close()
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(1.0)
+                continue
+            if response.status != 200:
+                raise ApiCallError(response.status, payload)
+            return int(json.loads(payload)["id"])
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class StreamEnd(Exception):
+    """Raised inside the client to stop for good (204, 4xx); ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class EventStreamClient:
+    """Read a session's stream and reconnect with ``Last-Event-ID`` (SC-9 ... SC-11).
+
+    ``on_event`` gets each dispatched event; ``on_status`` gets human-readable status
+    lines (connected, reconnecting in N ms, ended). :meth:`run` returns an exit status:
+    0 after a 204 (session ended) or ``max_events``, 1 on a 4xx other than 401, 2 on 401.
+    """
+
+    url: str
+    token: str
+    on_event: Callable[[ServerSentEvent], None]
+    on_status: Callable[[str], None] = lambda line: None
+    last_event_id: str = ""
+    max_events: int | None = None
+    max_connections: int | None = None
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.retry_ms = DEFAULT_RETRY_MS
+        self.epoch: str | None = None
+        self.connections = 0
+        self.events_seen = 0
+        self._failures = 0
+
+    def run(self) -> int:
+        """Stream until the session ends, a fatal status, or a limit is reached."""
+        try:
+            while self.max_connections is None or self.connections < self.max_connections:
+                self.connections += 1
+                try:
+                    self._connect_once()
+                    self._failures = 0
+                except (OSError, http.client.HTTPException) as exc:
+                    self._failures += 1
+                    self.on_status(f"connection failed: {exc}")
+                delay_s = self._delay_s()
+                self.on_status(f"reconnecting in {delay_s * 1000:.0f} ms (cursor {self.last_event_id or '-'})")
+                time.sleep(delay_s)
+        except StreamEnd as end:
+            self.on_status(str(end))
+            return end.code
+        return 0
+
+    def _delay_s(self) -> float:
+        base = self.retry_ms / 1000
+        if self._failures == 0:
+            return base
+        grown = min(_BACKOFF_CAP_S, base * 2 ** min(self._failures - 1, 10))
+        return grown * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
+
+    def _connect_once(self) -> None:
+        conn, path = _connection(self.url, self.read_timeout_s)
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "text/event-stream"}
+        if self.last_event_id:
+            headers["Last-Event-ID"] = self.last_event_id
+            if self.epoch:
+                headers["X-Event-Epoch"] = self.epoch
+        try:
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            self._check_status(response)
+            self.epoch = response.getheader("X-Event-Epoch") or self.epoch
+            self.on_status(f"connected (cursor {self.last_event_id or '-'}, epoch {self.epoch})")
+            parser = SSEParser(self._dispatch, on_retry=self._set_retry)
+            while True:
+                chunk = response.read1(65536)
+                if not chunk:
+                    parser.end()
+                    return
+                parser.feed_bytes(chunk)
+        except socket.timeout:
+            self.on_status("no data (not even a heartbeat) for too long")
+        finally:
+            conn.close()
+
+    def _check_status(self, response: http.client.HTTPResponse) -> None:
+        if response.status == 204:
+            raise StreamEnd("session ended (204)", 0)
+        content_type = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        if response.status == 200 and content_type == "text/event-stream":
+            return
+        body = response.read()
+        if response.status == 401:
+            raise StreamEnd(str(ApiCallError(401, body)), 2)
+        if 400 <= response.status < 500:
+            raise StreamEnd(str(ApiCallError(response.status, body)), 1)
+        raise http.client.HTTPException(f"HTTP {response.status} ({content_type or 'no type'})")
+
+    def _set_retry(self, retry_ms: int) -> None:
+        self.retry_ms = retry_ms
+
+    def _dispatch(self, event: ServerSentEvent) -> None:
+        if event.last_event_id:
+            # Synthetic frames carry no id: they never move the cursor (SC-9).
+            self.last_event_id = event.last_event_id
+        self.events_seen += 1
+        self.on_event(event)
+        if event.type in ("client_evicted", "stream_error"):
+            self.on_status(f"{event.type}: the server ended this connection")
+        if self.max_events is not None and self.events_seen >= self.max_events:
+            raise StreamEnd(f"stopped after {self.events_seen} events", 0)

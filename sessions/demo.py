@@ -1,0 +1,79 @@
+"""The demo agent: a scripted agent turn played into a session through the HTTP API.
+
+The text is a real document found in installed packages: Django's own README (its
+package metadata) and the Zen of Python (the stdlib ``this`` module). Events are shaped
+like the Agent Client Protocol's ``session/update`` notifications:
+``{"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": ...}}``,
+``tool_call`` / ``tool_call_update``, then a ``turn_complete`` event.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib.metadata
+import re
+import this
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["agent_turns", "document_text", "split_tokens"]
+
+
+def document_text() -> list[tuple[str, str]]:
+    """Return ``[(title, text), ...]``: the documents the demo agent streams."""
+    zen = codecs.decode(this.s, "rot13")
+    django_readme = importlib.metadata.metadata("Django").get_payload() or ""
+    return [("Django's README", str(django_readme).strip()), ("The Zen of Python", zen.strip())]
+
+
+def split_tokens(text: str) -> list[str]:
+    """Split ``text`` into LLM-sized pieces: words with their following whitespace."""
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+def agent_turns() -> Iterator[tuple[str, dict[str, Any], int]]:
+    """Yield ``(type, data, tokens)`` for one scripted run; ``tokens`` paces the sender.
+
+    A turn per document: the user's prompt, a tool call that "reads" the document,
+    the agent's answer streamed chunk by chunk, then ``turn_complete``.
+    """
+    for turn, (title, text) in enumerate(document_text(), start=1):
+        call_id = f"call_{turn}"
+        yield (
+            "session_update",
+            {
+                "sessionUpdate": "user_message_chunk",
+                "content": {"type": "text", "text": f"Please read me {title}."},
+            },
+            0,
+        )
+        yield (
+            "session_update",
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": f"Reading {title}",
+                "kind": "read",
+                "status": "in_progress",
+            },
+            5,
+        )
+        yield (
+            "session_update",
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": "completed",
+                "content": [
+                    {"type": "content", "content": {"type": "text", "text": f"{len(text)} characters"}}
+                ],
+            },
+            20,
+        )
+        for token in split_tokens(text):
+            yield (
+                "session_update",
+                {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": token}},
+                1,
+            )
+        yield ("turn_complete", {"stopReason": "end_turn", "turn": turn}, 10)

@@ -1,0 +1,122 @@
+"""``manage.py demo``: the whole demo in one command.
+
+Creates the demo user and a session, prints the URLs, tokens and a ``curl -N`` line,
+starts the development server (daphne via ``runserver``) and plays the demo agent into
+the session in a loop until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import BaseCommand, CommandError, call_command
+from django.core.management.base import CommandParser
+
+from sessions.auth import issue_token
+from sessions.models import AgentSession
+
+DEMO_USER = "demo"
+DEMO_PASSWORD = "demo-password"  # noqa: S105 - a local demo account, printed to the user
+
+
+class Command(BaseCommand):
+    help = "Set up demo data, start the server and stream a demo agent session."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--addr", default="127.0.0.1", help="bind address (127.0.0.1)")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--tokens-per-s", type=float, default=25.0)
+        parser.add_argument(
+            "--no-agent", action="store_true", help="start the server only; publish nothing"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        call_command("migrate", verbosity=0, interactive=False)
+        user = self._demo_user()
+        session = AgentSession.objects.create(title="Demo agent session", owner=user)
+        base = f"http://{options['addr']}:{options['port']}"
+        read = issue_token(session.id, ["read"], user.get_username())
+        publish = issue_token(session.id, ["publish"], user.get_username())
+        lifetime_min = settings.QWENWEB.get("TOKEN_LIFETIME_S", 3600) // 60
+        self.stdout.write(
+            f"""
+qwenweb demo
+  server       {base}/
+  admin        {base}/admin/   (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})
+  session      {session.id}
+  read token   {read}
+  (tokens expire after {lifetime_min} min; `python manage.py issue_token {session.id}` prints a new one)
+
+Watch the session live:
+  curl -N -H 'Authorization: Bearer {read}' {base}/session/{session.id}/events
+Resume after event 40 (Last-Event-ID):
+  curl -N -H 'Authorization: Bearer {read}' -H 'Last-Event-ID: 40' {base}/session/{session.id}/events
+Or with the terminal client (reconnects by itself):
+  python manage.py tail_session {session.id} --url {base} --token {read}
+"""
+        )
+        server = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
+            [
+                sys.executable,
+                "manage.py",
+                "runserver",
+                f"{options['addr']}:{options['port']}",
+                "--noreload",
+            ],
+            cwd=settings.BASE_DIR,
+            env=os.environ.copy(),
+        )
+        try:
+            self._wait_until_up(base, server)
+            if options["no_agent"]:
+                server.wait()
+                return
+            self.stdout.write("demo agent: streaming (Ctrl-C stops everything)")
+            call_command(
+                "demo_agent",
+                session.id,
+                url=base,
+                token=publish,
+                tokens_per_s=options["tokens_per_s"],
+                loop=True,
+            )
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+    def _demo_user(self) -> Any:
+        user_model = get_user_model()
+        user, created = user_model.objects.get_or_create(
+            username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True}
+        )
+        if created:
+            user.set_password(DEMO_PASSWORD)
+            user.save()
+        return user
+
+    def _wait_until_up(self, base: str, server: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise CommandError(f"the server exited with status {server.returncode}")
+            try:
+                with urllib.request.urlopen(f"{base}/capabilities", timeout=2) as response:  # noqa: S310
+                    json.load(response)
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                time.sleep(0.2)
+        raise CommandError(f"the server did not answer at {base} within 60 s")

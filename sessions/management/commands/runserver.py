@@ -1,0 +1,42 @@
+"""``runserver`` (daphne's, so it serves ASGI) plus ``--event-ring-size N`` (spec section 6)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from daphne.management.commands.runserver import Command as DaphneRunserverCommand
+from django.core.management import CommandError
+from django.core.management.base import CommandParser
+
+from sessions.bus import MAX_EVENT_RING_SIZE
+from sessions.conf import ENV_OVERRIDES, get_config
+
+
+class Command(DaphneRunserverCommand):
+    help = (
+        "Start the development server (daphne, ASGI). "
+        "--event-ring-size N sets the events kept per session for replay."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--event-ring-size",
+            type=int,
+            default=None,
+            metavar="N",
+            help=f"events kept per session for Last-Event-ID replay, 1 ... {MAX_EVENT_RING_SIZE}",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        ring_size = options.get("event_ring_size")
+        if ring_size is not None:
+            if not 1 <= ring_size <= MAX_EVENT_RING_SIZE:
+                raise CommandError(
+                    f"--event-ring-size must be in [1, {MAX_EVENT_RING_SIZE:_}]; got {ring_size}"
+                )
+            # Through the environment, so the autoreloader's child process gets it too.
+            os.environ[ENV_OVERRIDES["RING_SIZE"]] = str(ring_size)
+            get_config.cache_clear()
+        super().handle(*args, **options)

@@ -1,0 +1,59 @@
+"""``manage.py tail_session <session_id>``: print a session's frames as they arrive."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management import BaseCommand, CommandError
+from django.core.management.base import CommandParser
+
+from sessions.client import EventStreamClient
+from sessions.sse import ServerSentEvent
+
+
+class Command(BaseCommand):
+    help = (
+        "Follow a session's event stream in the terminal; reconnects with Last-Event-ID "
+        "after the server's retry delay and stops when the session ends (204)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("session_id")
+        parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+        parser.add_argument("--token", required=True, help="a token with the read scope")
+        parser.add_argument("--last-event-id", default="", help="resume after this id")
+        parser.add_argument("--max-events", type=int, default=None, help="stop after N events")
+        parser.add_argument(
+            "--max-connections", type=int, default=None, help="stop after N connections"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        url = f"{options['url'].rstrip('/')}/session/{options['session_id']}/events"
+
+        def show(event: ServerSentEvent) -> None:
+            # Real events carry their id first in the envelope; synthetic frames have none.
+            marker = f"{event.last_event_id:>6}" if event.data.startswith('{"id":') else "     -"
+            self.stdout.write(f"{marker} {event.type} {event.data}")
+            self.stdout.flush()
+
+        def status(line: str) -> None:
+            self.stderr.write(f"# {line}")
+
+        client = EventStreamClient(
+            url,
+            options["token"],
+            on_event=show,
+            on_status=status,
+            last_event_id=options["last_event_id"],
+            max_events=options["max_events"],
+            max_connections=options["max_connections"],
+        )
+        try:
+            code = client.run()
+        except KeyboardInterrupt:
+            code = 0
+        if code:
+            raise CommandError("stream stopped", returncode=code)
+        sys.stdout.flush()
+
