@@ -7,11 +7,12 @@ including ``POST`` to the same path, goes to Django.
 """
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
-django_application = get_asgi_application()
+django_application: Any = get_asgi_application()
 
 # Imported after Django is set up: they use models and settings.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -8,7 +8,7 @@ demo (SQLite, in-memory bus, DEBUG on):
 | ``DJANGO_SECRET_KEY`` | a fixed demo key (DEBUG only) | signs tokens and sessions |
 | ``DJANGO_DEBUG`` | ``1`` | ``0`` for production |
 | ``DJANGO_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,[::1]`` | comma-separated |
-| ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | e.g. ``postgres://user@127.0.0.1:5432/qwenweb`` |
+| ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | or ``postgres://user@host:5432/db`` |
 | ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
 """
 

@@ -28,7 +28,7 @@ __all__ = [
     "verify_token",
 ]
 
-TOKEN_SALT: Final = "qwenweb.sessions.token"
+TOKEN_SALT: Final = "qwenweb.sessions.token"  # noqa: S105 - a salt, not a secret
 SCOPES: Final = frozenset({"read", "publish", "create"})
 ANY_SESSION: Final = "*"
 _MAX_TOKEN_LENGTH: Final = 4096
@@ -66,7 +66,7 @@ def issue_token(
     return signing.dumps({"sid": session_id, "scp": scope_list, "sub": subject}, salt=salt)
 
 
-def verify_token(token: str, *, max_age_s: float | None = None) -> TokenClaims:
+def verify_token(token: str, *, max_age_s: int | None = None) -> TokenClaims:
     """Verify ``token`` and return its claims.
 
     Args:

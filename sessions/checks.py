@@ -13,6 +13,8 @@ from sessions.conf import config_errors
 def check_qwenweb_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Report every invalid ``QWENWEB`` setting as ``qwenweb.E001``."""
     return [
-        Error(message, hint="Fix the value in settings.QWENWEB or the environment.", id="qwenweb.E001")
+        Error(
+            message, hint="Fix the value in settings.QWENWEB or the environment.", id="qwenweb.E001"
+        )
         for message in config_errors()
     ]

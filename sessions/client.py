@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,7 +146,9 @@ class EventStreamClient:
                     self._failures += 1
                     self.on_status(f"connection failed: {exc}")
                 delay_s = self._delay_s()
-                self.on_status(f"reconnecting in {delay_s * 1000:.0f} ms (cursor {self.last_event_id or '-'})")
+                self.on_status(
+                    f"reconnecting in {delay_s * 1000:.0f} ms (cursor {self.last_event_id or '-'})"
+                )
                 time.sleep(delay_s)
         except StreamEnd as end:
             self.on_status(str(end))
@@ -158,7 +159,7 @@ class EventStreamClient:
         base = self.retry_ms / 1000
         if self._failures == 0:
             return base
-        grown = min(_BACKOFF_CAP_S, base * 2 ** min(self._failures - 1, 10))
+        grown: float = min(_BACKOFF_CAP_S, base * 2.0 ** min(self._failures - 1, 10))
         return grown * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
 
     def _connect_once(self) -> None:
@@ -168,23 +169,28 @@ class EventStreamClient:
             headers["Last-Event-ID"] = self.last_event_id
             if self.epoch:
                 headers["X-Event-Epoch"] = self.epoch
+        parser: SSEParser | None = None
         try:
             conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             self._check_status(response)
             self.epoch = response.getheader("X-Event-Epoch") or self.epoch
             self.on_status(f"connected (cursor {self.last_event_id or '-'}, epoch {self.epoch})")
-            parser = SSEParser(self._dispatch, on_retry=self._set_retry)
+            parser = SSEParser(
+                self._dispatch, on_retry=self._set_retry, last_event_id=self.last_event_id
+            )
             while True:
                 chunk = response.read1(65536)
                 if not chunk:
                     parser.end()
                     return
                 parser.feed_bytes(chunk)
-        except socket.timeout:
+        except TimeoutError:
             self.on_status("no data (not even a heartbeat) for too long")
         finally:
             conn.close()
+            if parser is not None:  # an id-only block moves the cursor too (SC-6)
+                self.last_event_id = parser.last_event_id
 
     def _check_status(self, response: http.client.HTTPResponse) -> None:
         if response.status == 204:
@@ -203,9 +209,8 @@ class EventStreamClient:
         self.retry_ms = retry_ms
 
     def _dispatch(self, event: ServerSentEvent) -> None:
-        if event.last_event_id:
-            # Synthetic frames carry no id: they never move the cursor (SC-9).
-            self.last_event_id = event.last_event_id
+        # The parser is seeded with the cursor, so synthetic frames (no id) keep it (SC-9).
+        self.last_event_id = event.last_event_id
         self.events_seen += 1
         self.on_event(event)
         if event.type in ("client_evicted", "stream_error"):

@@ -22,7 +22,8 @@ __all__ = ["agent_turns", "document_text", "split_tokens"]
 def document_text() -> list[tuple[str, str]]:
     """Return ``[(title, text), ...]``: the documents the demo agent streams."""
     zen = codecs.decode(this.s, "rot13")
-    django_readme = importlib.metadata.metadata("Django").get_payload() or ""
+    metadata: Any = importlib.metadata.metadata("Django")
+    django_readme = metadata.get_payload() or ""  # the README is the metadata body
     return [("Django's README", str(django_readme).strip()), ("The Zen of Python", zen.strip())]
 
 
@@ -65,7 +66,10 @@ def agent_turns() -> Iterator[tuple[str, dict[str, Any], int]]:
                 "toolCallId": call_id,
                 "status": "completed",
                 "content": [
-                    {"type": "content", "content": {"type": "text", "text": f"{len(text)} characters"}}
+                    {
+                        "type": "content",
+                        "content": {"type": "text", "text": f"{len(text)} characters"},
+                    }
                 ],
             },
             20,
@@ -73,7 +77,10 @@ def agent_turns() -> Iterator[tuple[str, dict[str, Any], int]]:
         for token in split_tokens(text):
             yield (
                 "session_update",
-                {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": token}},
+                {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": token},
+                },
                 1,
             )
         yield ("turn_complete", {"stopReason": "end_turn", "turn": turn}, 10)

@@ -56,7 +56,7 @@ class AgentSession(models.Model):
     )
 
     class Meta:
-        ordering = ["-created_at"]
+        ordering = ("-created_at",)
         verbose_name = "agent session"
 
     def __str__(self) -> str:

@@ -204,7 +204,9 @@ def snapshot_json(live: LiveSession) -> bytes:
     assert earliest is not None
     events: list[Any] = []
     if earliest > 1:
-        events.append({"v": 1, "type": "history_truncated", "data": {"earliestAvailableId": earliest}})
+        events.append(
+            {"v": 1, "type": "history_truncated", "data": {"earliestAvailableId": earliest}}
+        )
     events.extend(orjson.Fragment(f.json) if f.json is not None else dict(f) for f in ring)
     return orjson.dumps(
         {

@@ -369,4 +369,3 @@ def _parse_max_queued(query_string: bytes) -> int:
         "invalid_max_queued",
         f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
     )
-

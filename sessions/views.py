@@ -86,7 +86,7 @@ def _fail(request: HttpRequest, exc: ApiError) -> JsonResponse:
 
 
 class _CsrfCheck(CsrfViewMiddleware):
-    def _reject(self, request: HttpRequest, reason: str) -> HttpResponse:  # type: ignore[override]
+    def _reject(self, request: HttpRequest, reason: str) -> HttpResponse:
         raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}")
 
 
@@ -214,7 +214,10 @@ def validate_publish_body(body: Any) -> dict[str, Any]:
         body.get("_meta"), MAX_DATA_DEPTH
     ):
         raise ApiError(
-            400, "invalid_event", f"data is nested deeper than {MAX_DATA_DEPTH} levels", field="data"
+            400,
+            "invalid_event",
+            f"data is nested deeper than {MAX_DATA_DEPTH} levels",
+            field="data",
         )
     return body
 
@@ -256,7 +259,10 @@ async def create_session(request: HttpRequest) -> JsonResponse:
         title = body.get("title", "")
         if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
             raise ApiError(
-                400, "invalid_request", "title must be a string of at most 200 characters", field="title"
+                400,
+                "invalid_request",
+                "title must be a string of at most 200 characters",
+                field="title",
             )
         ring_size = body.get("ringSize")
         if ring_size is not None and (
@@ -289,8 +295,12 @@ async def create_session(request: HttpRequest) -> JsonResponse:
     )
 
 
-@database_sync_to_async
-def _create_row(title: str, ring_size: int | None, principal: Principal) -> AgentSession:
+async def _create_row(title: str, ring_size: int | None, principal: Principal) -> AgentSession:
+    row: AgentSession = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
+    return row
+
+
+def _create_row_sync(title: str, ring_size: int | None, principal: Principal) -> AgentSession:
     owner_id = principal.user_id
     if owner_id is None and principal.claims is not None and principal.claims.subject:
         from django.contrib.auth import get_user_model
@@ -392,13 +402,20 @@ async def close_session(request: HttpRequest, session_id: str) -> JsonResponse:
             row = await AgentSession.objects.aget(pk=session_id)
             _check_access(principal, session_id, row.owner_id, "publish")
             return JsonResponse(
-                {"id": session_id, "status": "closed", "lastEventId": row.last_event_id, "alreadyClosed": True}
+                {
+                    "id": session_id,
+                    "status": "closed",
+                    "lastEventId": row.last_event_id,
+                    "alreadyClosed": True,
+                }
             )
         _check_access(principal, session_id, live.owner_id, "publish")
         last_id = await runtime.close_session(session_id, reason="closed", closed_by=principal.name)
     except ApiError as exc:
         return _fail(request, exc)
-    return JsonResponse({"id": session_id, "status": "closed", "lastEventId": last_id, "alreadyClosed": False})
+    return JsonResponse(
+        {"id": session_id, "status": "closed", "lastEventId": last_id, "alreadyClosed": False}
+    )
 
 
 @require_POST
@@ -419,7 +436,9 @@ async def session_token(request: HttpRequest, session_id: str) -> JsonResponse:
             body = _parse_json_body(request, required=False)
             scope = body.get("scope", "read") if isinstance(body, dict) else None
         if scope not in ("read", "publish"):
-            raise ApiError(400, "invalid_request", "scope must be 'read' or 'publish'", field="scope")
+            raise ApiError(
+                400, "invalid_request", "scope must be 'read' or 'publish'", field="scope"
+            )
         row = await AgentSession.objects.filter(pk=session_id).afirst()
         if row is None:
             raise ApiError(404, "not_found", "unknown session")

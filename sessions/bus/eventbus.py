@@ -91,7 +91,7 @@ def is_valid_epoch(value: object) -> bool:
 
 
 class SubscriberLimitExceededError(Exception):
-    """Raised by :meth:`EventBus.subscribe` when the session already has ``limit`` subscribers (EB-6)."""
+    """Raised by :meth:`EventBus.subscribe` when ``limit`` subscribers are attached (EB-6)."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"subscriber limit reached ({limit})")
@@ -394,9 +394,7 @@ class EventBus:
             if not _is_int(value):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if not 1 <= ring_size <= MAX_EVENT_RING_SIZE:
-            raise ValueError(
-                f"ring_size must be in [1, {MAX_EVENT_RING_SIZE:_}], got {ring_size}"
-            )
+            raise ValueError(f"ring_size must be in [1, {MAX_EVENT_RING_SIZE:_}], got {ring_size}")
         if max_subscribers < 1:
             raise ValueError(f"max_subscribers must be >= 1, got {max_subscribers}")
         if not 1 <= start_id <= MAX_SAFE_INTEGER:
@@ -499,7 +497,7 @@ class EventBus:
         meta_in = event.get("_meta")
         meta = dict(meta_in) if isinstance(meta_in, Mapping) else {}
         stamp = meta.get("serverTimestamp")
-        if not (_is_number(stamp) and math.isfinite(stamp)):
+        if not (isinstance(stamp, (int, float)) and _is_number(stamp) and math.isfinite(stamp)):
             meta["serverTimestamp"] = time.time_ns() // 1_000_000
         fields: dict[str, Any] = {
             "id": event_id,

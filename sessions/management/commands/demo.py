@@ -22,6 +22,7 @@ from django.core.management import BaseCommand, CommandError, call_command
 from django.core.management.base import CommandParser
 
 from sessions.auth import issue_token
+from sessions.conf import get_config
 from sessions.models import AgentSession
 
 DEMO_USER = "demo"
@@ -46,7 +47,9 @@ class Command(BaseCommand):
         base = f"http://{options['addr']}:{options['port']}"
         read = issue_token(session.id, ["read"], user.get_username())
         publish = issue_token(session.id, ["publish"], user.get_username())
-        lifetime_min = settings.QWENWEB.get("TOKEN_LIFETIME_S", 3600) // 60
+        lifetime_min = get_config().token_lifetime_s // 60
+        events = f"{base}/session/{session.id}/events"
+        bearer = f"'Authorization: Bearer {read}'"
         self.stdout.write(
             f"""
 qwenweb demo
@@ -54,12 +57,12 @@ qwenweb demo
   admin        {base}/admin/   (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})
   session      {session.id}
   read token   {read}
-  (tokens expire after {lifetime_min} min; `python manage.py issue_token {session.id}` prints a new one)
+  (expires in {lifetime_min} min; `python manage.py issue_token {session.id}` prints another)
 
 Watch the session live:
-  curl -N -H 'Authorization: Bearer {read}' {base}/session/{session.id}/events
+  curl -N -H {bearer} {events}
 Resume after event 40 (Last-Event-ID):
-  curl -N -H 'Authorization: Bearer {read}' -H 'Last-Event-ID: 40' {base}/session/{session.id}/events
+  curl -N -H {bearer} -H 'Last-Event-ID: 40' {events}
 Or with the terminal client (reconnects by itself):
   python manage.py tail_session {session.id} --url {base} --token {read}
 """

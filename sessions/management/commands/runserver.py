@@ -13,7 +13,7 @@ from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import ENV_OVERRIDES, get_config
 
 
-class Command(DaphneRunserverCommand):
+class Command(DaphneRunserverCommand):  # type: ignore[misc]  # daphne ships no types
     help = (
         "Start the development server (daphne, ASGI). "
         "--event-ring-size N sets the events kept per session for replay."

@@ -56,4 +56,3 @@ class Command(BaseCommand):
         if code:
             raise CommandError("stream stopped", returncode=code)
         sys.stdout.flush()
-

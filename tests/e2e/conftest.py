@@ -1,0 +1,32 @@
+"""End-to-end fixtures: one real daphne process per test session on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess, daphne_argv, free_port, migrate, server_env
+
+
+@pytest.fixture(scope="session")
+def e2e_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("e2e") / "db.sqlite3"
+    migrate(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def daphne_server(
+    e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    port = free_port()
+    server = ServerProcess(
+        daphne_argv(port),
+        port,
+        server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1"),
+        tmp_path_factory.mktemp("logs") / "daphne.log",
+    ).start()
+    yield server
+    server.stop()

@@ -1,0 +1,260 @@
+"""Real server processes and raw-socket SSE clients for end-to-end tests.
+
+The server is another process with its own bus: tests drive it over HTTP only, never by
+importing the bus (style.md, Tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from sessions.auth import issue_token
+from sessions.sse import ServerSentEvent, SSEParser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_env(database_path: Path, **extra: str) -> dict[str, str]:
+    env = os.environ.copy()
+    env.update(
+        DATABASE_URL=f"sqlite:///{database_path}",
+        DJANGO_SETTINGS_MODULE="qwenweb.settings",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def migrate(database_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"],
+        cwd=REPO,
+        env=server_env(database_path),
+        check=True,
+        timeout=120,
+    )
+
+
+@dataclass
+class ServerProcess:
+    """A server on 127.0.0.1:``port`` started with ``argv`` (daphne, runserver, uvicorn)."""
+
+    argv: Sequence[str]
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                list(self.argv), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                get_json(f"{self.base_url}/capabilities")
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(
+            f"server did not start in {timeout_s} s: {self.log_path.read_text()[-2000:]}"
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+    def thread_count(self) -> int:
+        assert self.process is not None
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(
+            next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1]
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def daphne_argv(port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        "qwenweb.asgi:application",
+    ]  # fmt: skip
+
+
+def runserver_argv(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", *extra]
+
+
+def request_json(
+    method: str, url: str, body: Any = None, token: str | None = None
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw else None
+
+
+def get_json(url: str, token: str | None = None) -> Any:
+    status, body = request_json("GET", url, token=token)
+    if status != 200:
+        raise OSError(f"GET {url}: {status} {body}")
+    return body
+
+
+@dataclass
+class RemoteSession:
+    """A session created on a server over HTTP, with its tokens."""
+
+    base_url: str
+    id: str
+    read_token: str
+    publish_token: str
+
+    @classmethod
+    def create(cls, base_url: str, **body: Any) -> RemoteSession:
+        status, created = request_json(
+            "POST", f"{base_url}/session", body, token=issue_token("*", ["create"], "e2e")
+        )
+        assert status == 201, created
+        return cls(base_url, created["id"], created["tokens"]["read"], created["tokens"]["publish"])
+
+    @property
+    def events_path(self) -> str:
+        return f"/session/{self.id}/events"
+
+    def publish(self, event_type: str = "note", data: Any = None) -> int:
+        status, body = request_json(
+            "POST", f"{self.base_url}{self.events_path}", {"type": event_type, "data": data},
+            token=self.publish_token,
+        )  # fmt: skip
+        assert status == 200, body
+        return int(body["id"])
+
+    def load(self) -> Any:
+        return get_json(f"{self.base_url}/session/{self.id}", token=self.read_token)
+
+
+@dataclass
+class RawSSEClient:
+    """An SSE client on a raw asyncio socket: h11 for HTTP/1.1 framing, our parser for SSE."""
+
+    port: int
+    path: str
+    headers: list[tuple[str, str]]
+    status: int = 0
+    response_headers: dict[str, str] = field(default_factory=dict)
+    events: list[ServerSentEvent] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    ended: bool = False
+
+    async def connect(self, timeout_s: float = 10.0) -> RawSSEClient:
+        async with asyncio.timeout(timeout_s):
+            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+            self._conn = h11.Connection(our_role=h11.CLIENT)
+            self._parser = SSEParser(self.events.append)
+            request = h11.Request(
+                method="GET",
+                target=self.path,
+                headers=[("Host", f"127.0.0.1:{self.port}"), *self.headers],
+            )
+            self._writer.write(self._conn.send(request) + self._conn.send(h11.EndOfMessage()))
+            while not self.status:
+                await self._pump_once()
+        return self
+
+    async def _pump_once(self) -> None:
+        event = self._conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await self._reader.read(65536)
+            self._conn.receive_data(data)
+            return
+        if isinstance(event, h11.Response):
+            self.status = event.status_code
+            self.response_headers = {k.decode().lower(): v.decode() for k, v in event.headers}
+        elif isinstance(event, h11.Data):
+            self.body += event.data
+            self._parser.feed_bytes(bytes(event.data))
+        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            self.ended = True
+
+    async def read_until(self, predicate: Any, timeout_s: float = 10.0) -> list[ServerSentEvent]:
+        """Read until ``predicate(events)`` holds or the response ends; bounded."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate(self.events) and not self.ended:
+                await self._pump_once()
+        return self.events
+
+    async def read_events(self, count: int, timeout_s: float = 10.0) -> list[ServerSentEvent]:
+        return await self.read_until(lambda events: len(events) >= count, timeout_s)
+
+    async def read_to_end(self, timeout_s: float = 10.0) -> list[ServerSentEvent]:
+        return await self.read_until(lambda events: False, timeout_s)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+async def open_stream(
+    port: int, path: str, token: str | None, extra_headers: Sequence[tuple[str, str]] = ()
+) -> RawSSEClient:
+    headers = [("Accept", "text/event-stream"), *extra_headers]
+    if token:
+        headers.append(("Authorization", f"Bearer {token}"))
+    return await RawSSEClient(port, path, headers).connect()
+
+
+def event_ids(events: Sequence[ServerSentEvent]) -> list[int]:
+    """Ids of the real events (synthetic frames have none)."""
+    return [json.loads(e.data)["id"] for e in events if json.loads(e.data).get("id") is not None]
+
+
+def wait_for(predicate: Any, timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or ``timeout_s`` passes; return the last result."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
