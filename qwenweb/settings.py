@@ -140,5 +140,9 @@ LOGGING = {
             "level": os.environ.get("QWENWEB_LOG_LEVEL", "INFO"),
             "propagate": False,
         },
+        # runserver's access log; the demo sets WARNING so its output stays readable.
+        "django.channels.server": {
+            "level": os.environ.get("QWENWEB_ACCESS_LOG_LEVEL", "INFO"),
+        },
     },
 }

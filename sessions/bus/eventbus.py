@@ -497,7 +497,7 @@ class EventBus:
         meta_in = event.get("_meta")
         meta = dict(meta_in) if isinstance(meta_in, Mapping) else {}
         stamp = meta.get("serverTimestamp")
-        if not (isinstance(stamp, (int, float)) and _is_number(stamp) and math.isfinite(stamp)):
+        if not _is_timestamp(stamp):
             meta["serverTimestamp"] = time.time_ns() // 1_000_000
         fields: dict[str, Any] = {
             "id": event_id,
@@ -725,5 +725,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_timestamp(value: object) -> bool:
+    """A caller's ``serverTimestamp`` is kept if it is a finite JSON-safe number (EB-2)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+    return isinstance(value, float) and math.isfinite(value)

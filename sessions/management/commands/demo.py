@@ -76,7 +76,7 @@ Or with the terminal client (reconnects by itself):
                 "--noreload",
             ],
             cwd=settings.BASE_DIR,
-            env=os.environ.copy(),
+            env={**os.environ, "QWENWEB_ACCESS_LOG_LEVEL": "WARNING"},
         )
         try:
             self._wait_until_up(base, server)

@@ -1,0 +1,894 @@
+/**
+ * sse.js — a hand-written Server-Sent Events parser and reconnecting client.
+ *
+ * The session page cannot use `EventSource` (it must send `Authorization: Bearer …`), so it
+ * reads `GET /session/<id>/events` with `fetch()` and does by hand what `EventSource` would
+ * do. This module has no DOM dependency: it runs unchanged in the browser and under Node 20
+ * (`node --test tests/js/`). Rules cited as `SC-n` are in `shared/spec/sse-client.md`,
+ * `EB-n` in `shared/spec/event-bus.md`; the parsing algorithm is WHATWG HTML §9.2.6.
+ *
+ * Exports
+ *
+ * - `createParser({ onEvent, onRetry, onComment, lastEventId })` → `SseParser`
+ *   A push parser for one stream (SC-1..SC-8): `feed(text)`, `feedBytes(uint8)`, `end()`,
+ *   getters `lastEventId` (string, "" if none) and `retry` (ms or null).
+ *
+ * - `class SessionEventStream(options)` — one reconnecting stream (SC-9..SC-13).
+ *   Methods: `start()`, `close()`, `drop()`, `pause()`, `resume()`.
+ *   Read-only: `state`, `lastEventId`, `epoch`, `reconnectCount`, `retryMs`,
+ *   `currentDelayMs`, `paused`.
+ *   States: "idle" → "connecting" → "open" → "reconnecting" → "connecting" … and the two
+ *   terminal states "stopped" (close(), 401 twice, 403, 404, other 4xx, token provider
+ *   failure) and "ended" (204: the session is closed, EB-15).
+ *
+ * - `STATES` — the frozen list of those state names.
+ * - `contentTypeEssence(value)` — the lower-cased MIME essence of a Content-Type value.
+ * - `computeReconnectDelayMs({...})` — the backoff formula, pure (SC-11).
+ *
+ * Usage (the session page):
+ *
+ *   const stream = new SessionEventStream({
+ *     url: `/session/${id}/events`,
+ *     getToken: (reason) => tokens.get({ fresh: reason === "unauthorized" }),
+ *     lastEventId: snapshot.lastEventId, epoch: snapshot.epoch,   // resume after a snapshot
+ *     onEvent: ({ type, data, json, id, lastEventId }) => view.apply(type, json ?? data),
+ *     onResyncRequired: () => view.reloadSnapshot(),
+ *     onStateChange: (state, info) => badge.show(state, info.reason),
+ *   }).start();
+ *   dropButton.onclick = () => stream.drop();
+ *
+ * Options: url, getToken(reason), fetch, lastEventId, epoch, maxQueued, initialRetryMs (3000),
+ * capMs (30000), floorMs (1000), random, setTimeout, clearTimeout. Callbacks: onEvent,
+ * onStateChange(state, info), onRetryScheduled(delayMs, info), onResyncRequired(frame),
+ * onComment(text), onCallbackError(error). One stream per page (SC-13): close() the old one
+ * before making another.
+ *
+ * Concurrency: everything runs on the caller's event loop; no callback is ever invoked
+ * re-entrantly from inside another call of the same object except the parser callbacks,
+ * which run synchronously inside `feed()` / `feedBytes()` / `end()`.
+ */
+
+const LF = "\n";
+const CR = "\r";
+const BOM = 0xfeff;
+const RETRY_DIGITS = /^[0-9]+$/;
+/** Largest delay setTimeout honours; larger values fire at once in browsers and Node. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+/** Rejected tokens remembered so that none is ever sent again; the oldest is forgotten. */
+const MAX_REMEMBERED_REJECTED_TOKENS = 16;
+
+/**
+ * Frames that end the connection they arrive on (SC-12, EB-5, EB-16, EB-19).
+ * @type {ReadonlySet<string>}
+ */
+const TERMINAL_FRAME_TYPES = new Set(["client_evicted", "stream_error"]);
+
+/**
+ * @typedef {object} ParsedEvent
+ * @property {string} type         The `event` field, or "message" when the block had none.
+ * @property {string} data         The data lines joined with LF (one trailing LF removed).
+ * @property {string} lastEventId  The last event ID string in force at dispatch ("" if none).
+ * @property {string|null} idField The `id` field of this event's own block, or null when the
+ *   block had none (synthetic frames, SC-9). Not part of the shared vectors' shape.
+ */
+
+/**
+ * @typedef {object} ParserCallbacks
+ * @property {(event: ParsedEvent) => void} onEvent  Called once per dispatched event, as soon
+ *   as its blank line is parsed (SC-8).
+ * @property {(ms: number) => void} [onRetry]  Called for every valid `retry` field, in
+ *   milliseconds (SC-5).
+ * @property {(text: string) => void} [onComment]  Called for every comment line with the text
+ *   after the colon, one leading space removed (heartbeats, SC-4).
+ * @property {string} [lastEventId]  Initial last event ID string *and* buffer (default "").
+ *   A reconnecting client passes its cursor so that a block without an `id` field (the
+ *   server's leading `retry: 3000` block, EB-18) does not blank it; this is what browsers do
+ *   for EventSource across reconnections.
+ */
+
+/**
+ * @typedef {object} SseParser
+ * @property {(text: string) => void} feed  Feed decoded text, split anywhere.
+ * @property {(bytes: Uint8Array) => void} feedBytes  Feed raw UTF-8 bytes, split anywhere.
+ * @property {() => void} end  End of stream: flush the decoder, discard the unfinished block.
+ * @property {string} lastEventId  The last event ID string now in force ("" if none).
+ * @property {number|null} retry  The last valid `retry` value in ms, or null if none yet.
+ */
+
+/**
+ * Create a push parser for one event stream (WHATWG HTML §9.2.6, SC-1..SC-8).
+ *
+ * Feed it text with `feed()` or bytes with `feedBytes()` (never both on one parser unless
+ * every byte chunk ended on a character boundary), then call `end()` once. Events, retry
+ * values and comments are reported synchronously through the callbacks while feeding.
+ *
+ * Guarantees:
+ * - exactly one leading U+FEFF of the stream is dropped; empty chunks before it do not count
+ *   (SC-2); `feedBytes` decodes with one `TextDecoder("utf-8", {ignoreBOM: true})` in
+ *   streaming mode, so a character split across chunks comes out whole (SC-1);
+ * - lines end at CRLF, LF or CR only; a CR ending one chunk and an LF starting the next are
+ *   one line ending (SC-3);
+ * - an event is dispatched when its blank line arrives (SC-8); `end()` discards the
+ *   unfinished block and its uncommitted id, and never processes an unterminated line (SC-7);
+ * - O(n) in the total input, however it is split: each character is scanned once and a
+ *   partial line is kept as a list of pieces joined once when its line ends.
+ *
+ * A callback that throws propagates out of `feed()`; the rest of that chunk is not parsed.
+ *
+ * @param {ParserCallbacks} callbacks
+ * @returns {SseParser}
+ * @throws {TypeError} if `onEvent` is not a function, or `lastEventId` is not a string.
+ */
+export function createParser({ onEvent, onRetry, onComment, lastEventId = "" } = {}) {
+  if (typeof onEvent !== "function") throw new TypeError("createParser: onEvent must be a function");
+  if (typeof lastEventId !== "string") throw new TypeError("createParser: lastEventId must be a string");
+
+  let decoder = null;
+  let started = false; // a non-empty chunk has been seen: the BOM window is closed (SC-2)
+  let ended = false;
+  let pendingCR = false; // the previous chunk ended with CR: a leading LF is part of it (SC-3)
+  /** @type {string[]} pieces of the current, not yet terminated line */
+  let linePieces = [];
+  /** @type {string[]} values of the block's data fields (joined with LF at dispatch) */
+  let dataLines = [];
+  let eventType = "";
+  let idBuffer = lastEventId;
+  let idFieldInBlock = null;
+  let lastEventIdString = lastEventId;
+  let retryMs = null;
+
+  function dispatch() {
+    // HTML §9.2.6 "dispatch the event": the id buffer is committed but not reset (SC-6).
+    lastEventIdString = idBuffer;
+    const idField = idFieldInBlock;
+    idFieldInBlock = null;
+    if (dataLines.length === 0) {
+      eventType = "";
+      return;
+    }
+    const event = {
+      type: eventType === "" ? "message" : eventType,
+      data: dataLines.join(LF),
+      lastEventId: lastEventIdString,
+      idField,
+    };
+    dataLines = [];
+    eventType = "";
+    onEvent(event);
+  }
+
+  function processField(name, value) {
+    switch (name) {
+      case "data":
+        dataLines.push(value);
+        break;
+      case "event":
+        eventType = value;
+        break;
+      case "id":
+        if (!value.includes("\u0000")) {
+          idBuffer = value;
+          idFieldInBlock = value;
+        }
+        break;
+      case "retry":
+        if (RETRY_DIGITS.test(value)) {
+          retryMs = Number.parseInt(value, 10);
+          if (onRetry) onRetry(retryMs);
+        }
+        break;
+      default:
+        break; // unknown fields are ignored (SC-5)
+    }
+  }
+
+  function processLine(line) {
+    if (line === "") {
+      dispatch();
+      return;
+    }
+    const colon = line.indexOf(":");
+    if (colon === 0) {
+      if (onComment) onComment(stripOneSpace(line.slice(1)));
+      return;
+    }
+    if (colon === -1) {
+      processField(line, "");
+      return;
+    }
+    processField(line.slice(0, colon), stripOneSpace(line.slice(colon + 1)));
+  }
+
+  function feed(text) {
+    if (ended) throw new Error("SseParser: feed() after end()");
+    if (typeof text !== "string") throw new TypeError("SseParser: feed() takes a string");
+    if (text.length === 0) return; // keeps pendingCR and the BOM window as they are
+    let pos = 0;
+    if (!started) {
+      started = true;
+      if (text.charCodeAt(0) === BOM) pos = 1;
+    }
+    if (pendingCR) {
+      pendingCR = false;
+      if (text.charCodeAt(pos) === 0x0a) pos += 1;
+    }
+    const length = text.length;
+    // Next LF / CR at or after pos; -1 = none left in this chunk. Each is searched again only
+    // once pos has passed it, so every character is scanned at most once per kind.
+    let nextLF = -2;
+    let nextCR = -2;
+    while (pos < length) {
+      if (nextLF !== -1 && nextLF < pos) nextLF = text.indexOf(LF, pos);
+      if (nextCR !== -1 && nextCR < pos) nextCR = text.indexOf(CR, pos);
+      const end = nextLF === -1 ? nextCR : nextCR === -1 ? nextLF : Math.min(nextLF, nextCR);
+      if (end === -1) {
+        linePieces.push(text.slice(pos));
+        break;
+      }
+      let line = text.slice(pos, end);
+      if (linePieces.length > 0) {
+        linePieces.push(line);
+        line = linePieces.join("");
+        linePieces = [];
+      }
+      if (end === nextCR) {
+        if (end + 1 < length) {
+          pos = text.charCodeAt(end + 1) === 0x0a ? end + 2 : end + 1;
+        } else {
+          pendingCR = true;
+          pos = length;
+        }
+      } else {
+        pos = end + 1;
+      }
+      processLine(line);
+    }
+  }
+
+  function feedBytes(bytes) {
+    if (ended) throw new Error("SseParser: feedBytes() after end()");
+    if (decoder === null) decoder = new TextDecoder("utf-8", { ignoreBOM: true });
+    feed(decoder.decode(bytes, { stream: true }));
+  }
+
+  function end() {
+    if (ended) return;
+    if (decoder !== null) feed(decoder.decode()); // an incomplete sequence becomes U+FFFD
+    ended = true;
+    // SC-7: the unfinished block is discarded and its id is not committed.
+    linePieces = [];
+    dataLines = [];
+    eventType = "";
+    idBuffer = lastEventIdString;
+    idFieldInBlock = null;
+    pendingCR = false;
+  }
+
+  return {
+    feed,
+    feedBytes,
+    end,
+    get lastEventId() {
+      return lastEventIdString;
+    },
+    get retry() {
+      return retryMs;
+    },
+  };
+}
+
+function stripOneSpace(value) {
+  return value.charCodeAt(0) === 0x20 ? value.slice(1) : value;
+}
+
+/**
+ * Return the lower-cased essence (`type/subtype`) of a Content-Type header value.
+ *
+ * `"Text/Event-Stream; charset=utf-8"` → `"text/event-stream"`; null or "" → "". Used for
+ * the SC-10 response check, where parameters and letter case are ignored. Never throws.
+ *
+ * @param {string|null|undefined} value
+ * @returns {string}
+ */
+export function contentTypeEssence(value) {
+  if (!value) return "";
+  const semicolon = value.indexOf(";");
+  return (semicolon === -1 ? value : value.slice(0, semicolon)).trim().toLowerCase();
+}
+
+/**
+ * Compute the delay before the next connection attempt (SC-11), in milliseconds.
+ *
+ * - `failures === 0` (the last connection was opened: normal end, cut mid-stream, a terminal
+ *   frame, drop()) → exactly `retryMs`, the server's reconnection time (HTML §9.2.3).
+ * - `failures >= 1` consecutive attempts that never opened → exponential with jitter:
+ *   `ceiling = min(capMs, base * 2**failures)` where `base = max(retryMs, floorMs)`, and
+ *   the delay is uniform in `[ceiling/2, ceiling]`, never below `retryMs`. `floorMs` keeps a
+ *   server's `retry: 0` from turning failures into a tight loop.
+ * The result is clamped to 2**31-1 (setTimeout's limit). Pure; never throws.
+ *
+ * @param {object} args
+ * @param {number} args.retryMs   Reconnection time in force, ms.
+ * @param {number} args.failures  Consecutive failed attempts since the last open, ≥ 0.
+ * @param {number} args.capMs     Upper bound of the exponential growth, ms.
+ * @param {number} args.floorMs   Lower bound of the exponential base, ms.
+ * @param {() => number} args.random  Uniform in [0, 1).
+ * @returns {number} delay in ms (integer)
+ */
+export function computeReconnectDelayMs({ retryMs, failures, capMs, floorMs, random }) {
+  let delay;
+  if (failures <= 0) {
+    delay = retryMs;
+  } else {
+    const base = Math.max(retryMs, floorMs);
+    const ceiling = Math.min(capMs, base * 2 ** Math.min(failures, 52));
+    delay = Math.max(retryMs, ceiling / 2 + random() * (ceiling / 2));
+  }
+  return Math.min(Math.round(delay), MAX_TIMER_MS);
+}
+
+/**
+ * The states of a `SessionEventStream`, in the order a normal life goes through them.
+ * "stopped" and "ended" are terminal.
+ * @type {ReadonlyArray<string>}
+ */
+export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting", "stopped", "ended"]);
+
+/**
+ * @typedef {object} StreamEvent
+ * @property {string} type          Event type ("message" when the frame had no `event:` line).
+ * @property {string} data          The raw data string.
+ * @property {*} json               `JSON.parse(data)`, or undefined when data is not JSON.
+ * @property {string} lastEventId   The cursor after this event ("" if none).
+ * @property {string|null} id       This frame's own `id` field, or null (synthetic frame).
+ */
+
+/**
+ * @typedef {object} StateInfo
+ * @property {string} [reason]   Why: "start", "reconnect", "token_refresh", "end_of_stream",
+ *   "network_error", "server_error", "bad_content_type", "unexpected_status",
+ *   "client_evicted", "stream_error", "dropped", "closed", "session_ended", "unauthorized",
+ *   "forbidden", "not_found", "client_error" (other 4xx), "token_error", "internal_error".
+ * @property {number} [status]   HTTP status of the response that caused the change.
+ * @property {string} [detail]   The server's JSON `error` / `code`, when it sent one.
+ * @property {*} [error]         The thrown error (network, token provider).
+ * @property {number} [delayMs]  With "reconnecting": the delay scheduled.
+ * @property {string|null} [epoch] With "open": the epoch the server announced (EB-17).
+ */
+
+/**
+ * @typedef {object} SessionEventStreamOptions
+ * @property {string} url  The stream URL, e.g. "/session/<id>/events" (relative URLs are
+ *   resolved by the injected fetch, as the browser's does).
+ * @property {(reason: "connect"|"reconnect"|"unauthorized") => (string|Promise<string>)} getToken
+ *   Token provider, asked before every request. "unauthorized" means the previous token was
+ *   just rejected with 401 and a fresh one is needed.
+ * @property {typeof fetch} [fetch]  Default `globalThis.fetch`.
+ * @property {(event: StreamEvent) => void} [onEvent]  Every frame, synthetic ones included.
+ * @property {(state: string, info: StateInfo) => void} [onStateChange]
+ * @property {(delayMs: number, info: StateInfo) => void} [onRetryScheduled]
+ * @property {(frame: StreamEvent) => void} [onResyncRequired]  A `state_resync_required`
+ *   frame arrived (after its onEvent): reload the snapshot (SC-12).
+ * @property {(text: string) => void} [onComment]  Comment lines (heartbeats), for debugging.
+ * @property {(error: unknown) => void} [onCallbackError]  A callback threw; default
+ *   `console.error`. The stream carries on.
+ * @property {string} [lastEventId]  Cursor to resume from (default "").
+ * @property {string|null} [epoch]   Epoch that cursor belongs to (default null).
+ * @property {number} [maxQueued]    `?maxQueued=N` query parameter, integer in [16, 2048] (EB-14).
+ * @property {number} [initialRetryMs]  Reconnection time before the server sends one; 3000.
+ * @property {number} [capMs]     Cap of the exponential backoff; 30000.
+ * @property {number} [floorMs]   Minimum base of the exponential backoff; 1000.
+ * @property {() => number} [random]  Default Math.random.
+ * @property {typeof setTimeout} [setTimeout]
+ * @property {typeof clearTimeout} [clearTimeout]
+ */
+
+/**
+ * One reconnecting event stream for the session page (SC-9..SC-13).
+ *
+ * Per attempt it asks `getToken`, builds fresh headers (`Accept`, `Authorization: Bearer`,
+ * and — only with a non-empty cursor — `Last-Event-ID` exactly once plus `X-Event-Epoch`
+ * when the cursor's epoch is known), and fetches with its own `AbortController`.
+ *
+ * Responses (SC-10): 200 with a `text/event-stream` essence → "open", the body is read with
+ * `getReader()` and parsed by a fresh parser seeded with the cursor; 204 → "ended";
+ * 401 → one immediate retry with a token asked with reason "unauthorized" (a token equal to
+ * one already rejected is never sent; a second consecutive 401 stops); 403, 404, other 4xx →
+ * "stopped"; 5xx, any other status, a wrong content type, a network error → "reconnecting"
+ * with backoff (SC-11, see `computeReconnectDelayMs`).
+ *
+ * The cursor moves only when a dispatched block carried an `id` (SC-9), and the epoch it
+ * belongs to is the `X-Event-Epoch` of the response it arrived on (EB-13, EB-17).
+ * `client_evicted` and `stream_error` end the connection: it is aborted and the stream
+ * reconnects with the cursor after the reconnection time (SC-12).
+ *
+ * Callbacks never break the stream: an exception is passed to `onCallbackError`.
+ */
+export class SessionEventStream {
+  /**
+   * Validate the options; does not connect (call `start()`).
+   * @param {SessionEventStreamOptions} options
+   * @throws {TypeError} missing `url`; `getToken`, `fetch`, a timer or `random` not a
+   *   function; `lastEventId` not a string free of CR/LF/NUL; `epoch` not a string or null.
+   * @throws {RangeError} `maxQueued` not an integer in [16, 2048]; `initialRetryMs`, `capMs`
+   *   or `floorMs` not a number >= 0.
+   */
+  constructor(options = {}) {
+    const {
+      url,
+      getToken,
+      fetch: fetchFn = globalThis.fetch,
+      onEvent,
+      onStateChange,
+      onRetryScheduled,
+      onResyncRequired,
+      onComment,
+      onCallbackError = (error) => console.error("SessionEventStream callback failed:", error),
+      lastEventId = "",
+      epoch = null,
+      maxQueued,
+      initialRetryMs = 3000,
+      capMs = 30000,
+      floorMs = 1000,
+      random = Math.random,
+      setTimeout: setTimer = globalThis.setTimeout,
+      clearTimeout: clearTimer = globalThis.clearTimeout,
+    } = options;
+    const fail = (ErrorClass, message) => {
+      throw new ErrorClass(`SessionEventStream: ${message}`);
+    };
+    if (typeof url !== "string" && !(url instanceof URL)) fail(TypeError, "url is required");
+    if (typeof getToken !== "function") fail(TypeError, "getToken must be a function");
+    if (typeof fetchFn !== "function") fail(TypeError, "no fetch function");
+    for (const fn of [setTimer, clearTimer, random]) {
+      if (typeof fn !== "function") fail(TypeError, "setTimeout, clearTimeout and random must be functions");
+    }
+    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) {
+      fail(TypeError, "lastEventId must be a string without CR, LF or NUL");
+    }
+    if (epoch !== null && typeof epoch !== "string") fail(TypeError, "epoch must be a string or null");
+    for (const [name, value] of Object.entries({ initialRetryMs, capMs, floorMs })) {
+      if (typeof value !== "number" || !(value >= 0)) fail(RangeError, `${name} must be a number >= 0`);
+    }
+    if (maxQueued !== undefined && !(Number.isInteger(maxQueued) && maxQueued >= 16 && maxQueued <= 2048)) {
+      fail(RangeError, "maxQueued must be an integer in [16, 2048] (EB-14)");
+    }
+
+    this._url = String(url);
+    if (maxQueued !== undefined) this._url = withQueryParam(this._url, "maxQueued", String(maxQueued));
+    // Called as plain functions: the browser's fetch and timers throw "Illegal invocation"
+    // when called as methods of another object.
+    this._getToken = (reason) => getToken(reason);
+    this._fetch = (input, init) => fetchFn(input, init);
+    this._callbacks = { onEvent, onStateChange, onRetryScheduled, onResyncRequired, onComment };
+    this._onCallbackError = onCallbackError;
+    this._capMs = capMs;
+    this._floorMs = floorMs;
+    this._random = () => random();
+    this._setTimer = (fn, ms) => setTimer(fn, ms);
+    this._clearTimer = (handle) => clearTimer(handle);
+
+    this._state = "idle";
+    this._lastEventId = lastEventId;
+    this._epoch = epoch;
+    this._retryMs = initialRetryMs;
+    this._failures = 0;
+    this._attempts = 0;
+    this._timer = null;
+    this._timerToken = null;
+    this._currentDelayMs = null;
+    /** @type {Attempt|null} */
+    this._attempt = null;
+    /** @type {Set<string>} tokens a 401 rejected: never sent again */
+    this._rejectedTokens = new Set();
+    this._paused = false;
+    this._resumeWaiters = [];
+  }
+
+  /** Current state, one of `STATES`. */
+  get state() {
+    return this._state;
+  }
+
+  /** The cursor: the last event ID string to send as `Last-Event-ID` ("" = none). */
+  get lastEventId() {
+    return this._lastEventId;
+  }
+
+  /** The epoch the cursor belongs to (the `X-Event-Epoch` it came with), or null. */
+  get epoch() {
+    return this._epoch;
+  }
+
+  /** Connection attempts made after the first one (401 retries included). */
+  get reconnectCount() {
+    return Math.max(0, this._attempts - 1);
+  }
+
+  /** The reconnection time in force, ms: the server's last valid `retry`, kept across connections. */
+  get retryMs() {
+    return this._retryMs;
+  }
+
+  /** The delay of the pending reconnect in ms, or null when none is scheduled. */
+  get currentDelayMs() {
+    return this._currentDelayMs;
+  }
+
+  /** True between `pause()` and `resume()`. */
+  get paused() {
+    return this._paused;
+  }
+
+  /**
+   * Open the stream. Idempotent: does nothing unless the state is "idle".
+   * Never throws; failures are reported through `onStateChange`.
+   * @returns {this}
+   */
+  start() {
+    if (this._state === "idle") this._connect("connect", "start");
+    return this;
+  }
+
+  /**
+   * Abort the current request or pending reconnect and stop for good (state "stopped",
+   * reason "closed"; SC-13). Idempotent; never throws.
+   */
+  close() {
+    if (this._isTerminal()) return;
+    this._stop("stopped", { reason: "closed" });
+  }
+
+  /**
+   * Abort the current request as a network cut would, and reconnect with the cursor after
+   * the reconnection time (the page's "drop connection" control; SC-13). Does nothing when
+   * no request is in flight (idle, reconnecting, stopped, ended). Never throws.
+   */
+  drop() {
+    if (this._attempt === null) return;
+    this._abortAttempt();
+    this._scheduleReconnect("dropped", {});
+  }
+
+  /**
+   * Stop reading the response body without cancelling it, so that TCP backpressure builds up
+   * to the server (EB-21). Persists across reconnections. Idempotent.
+   */
+  pause() {
+    this._paused = true;
+  }
+
+  /** Resume reading the body after `pause()`. Idempotent. */
+  resume() {
+    this._paused = false;
+    this._releaseReaders();
+  }
+
+  // ---- internals -------------------------------------------------------------------------
+
+  _isTerminal() {
+    return this._state === "stopped" || this._state === "ended";
+  }
+
+  _call(name, ...args) {
+    const fn = this._callbacks[name];
+    if (typeof fn !== "function") return;
+    try {
+      fn(...args);
+    } catch (error) {
+      try {
+        this._onCallbackError(error);
+      } catch {
+        // the error reporter itself failed: nothing more can be done
+      }
+    }
+  }
+
+  _setState(state, info) {
+    this._state = state;
+    this._call("onStateChange", state, info);
+  }
+
+  _stop(state, info) {
+    this._abortAttempt();
+    this._cancelTimer();
+    this._setState(state, info);
+  }
+
+  _cancelTimer() {
+    if (this._timer !== null) this._clearTimer(this._timer);
+    this._timer = null;
+    this._timerToken = null;
+    this._currentDelayMs = null;
+  }
+
+  _abortAttempt() {
+    const attempt = this._attempt;
+    if (attempt === null) return;
+    this._attempt = null;
+    attempt.dead = true;
+    attempt.controller.abort();
+    if (attempt.reader) attempt.reader.cancel().catch(() => {});
+    this._releaseReaders();
+  }
+
+  _releaseReaders() {
+    const waiters = this._resumeWaiters;
+    this._resumeWaiters = [];
+    for (const resolve of waiters) resolve();
+  }
+
+  _scheduleReconnect(reason, info) {
+    const delayMs = computeReconnectDelayMs({
+      retryMs: this._retryMs,
+      failures: this._failures,
+      capMs: this._capMs,
+      floorMs: this._floorMs,
+      random: this._random,
+    });
+    this._cancelTimer();
+    // The token guards against a timer that fires after it was cancelled or replaced.
+    const token = {};
+    this._timerToken = token;
+    this._currentDelayMs = delayMs;
+    this._timer = this._setTimer(() => {
+      if (this._timerToken !== token) return;
+      this._timer = null;
+      this._timerToken = null;
+      this._currentDelayMs = null;
+      this._connect("reconnect", "reconnect");
+    }, delayMs);
+    const fullInfo = { ...info, reason, delayMs };
+    this._setState("reconnecting", fullInfo);
+    this._call("onRetryScheduled", delayMs, fullInfo);
+  }
+
+  _fail(attempt, reason, info) {
+    attempt.dead = true;
+    this._failures += 1;
+    this._attempt = null;
+    this._scheduleReconnect(reason, info);
+  }
+
+  _connect(tokenReason, stateReason) {
+    const attempt = { controller: new AbortController(), reader: null, dead: false, epoch: null };
+    this._attempt = attempt;
+    this._attempts += 1;
+    this._setState("connecting", { reason: stateReason });
+    this._run(attempt, tokenReason).catch((error) => {
+      // Defensive: _run handles its own errors; anything here is a bug in this module.
+      if (!attempt.dead) this._stop("stopped", { reason: "internal_error", error });
+    });
+  }
+
+  async _run(attempt, tokenReason) {
+    let token;
+    try {
+      token = await this._getToken(tokenReason);
+    } catch (error) {
+      if (!attempt.dead) this._stop("stopped", { reason: "token_error", error });
+      return;
+    }
+    if (attempt.dead) return;
+    if (typeof token !== "string" || token === "") {
+      this._stop("stopped", { reason: "token_error", error: new TypeError("getToken returned no token") });
+      return;
+    }
+    if (this._rejectedTokens.has(token)) {
+      this._stop("stopped", { reason: "unauthorized", detail: "token provider returned a rejected token" });
+      return;
+    }
+
+    let response;
+    try {
+      response = await this._fetch(this._url, {
+        method: "GET",
+        headers: this._buildHeaders(token),
+        signal: attempt.controller.signal,
+      });
+    } catch (error) {
+      if (!attempt.dead) this._fail(attempt, "network_error", { error });
+      return;
+    }
+    if (attempt.dead) {
+      discardBody(response);
+      return;
+    }
+    await this._handleResponse(attempt, response, token, tokenReason);
+  }
+
+  _buildHeaders(token) {
+    // A fresh Headers per attempt, so Last-Event-ID is set exactly once (SC-9).
+    const headers = new Headers();
+    headers.set("Accept", "text/event-stream");
+    headers.set("Authorization", `Bearer ${token}`);
+    if (this._lastEventId !== "") {
+      headers.set("Last-Event-ID", utf8ByteString(this._lastEventId));
+      if (this._epoch !== null) headers.set("X-Event-Epoch", this._epoch);
+    }
+    return headers;
+  }
+
+  async _handleResponse(attempt, response, token, tokenReason) {
+    const status = response.status;
+    if (status === 200) {
+      if (contentTypeEssence(response.headers.get("Content-Type")) !== "text/event-stream") {
+        discardBody(response);
+        this._fail(attempt, "bad_content_type", { status });
+        return;
+      }
+      await this._readBody(attempt, response);
+      return;
+    }
+    if (status === 204) {
+      discardBody(response);
+      this._stop("ended", { reason: "session_ended", status });
+      return;
+    }
+    if (status >= 500 && status <= 599) {
+      discardBody(response);
+      this._fail(attempt, "server_error", { status });
+      return;
+    }
+    if (status < 400 || status > 499) {
+      discardBody(response);
+      this._fail(attempt, "unexpected_status", { status });
+      return;
+    }
+    const detail = await readErrorDetail(response);
+    if (attempt.dead) return;
+    if (status === 401) {
+      this._rememberRejected(token);
+      if (tokenReason === "unauthorized") {
+        this._stop("stopped", { reason: "unauthorized", status, detail });
+      } else {
+        attempt.dead = true;
+        this._attempt = null;
+        this._connect("unauthorized", "token_refresh");
+      }
+      return;
+    }
+    const reason = status === 403 ? "forbidden" : status === 404 ? "not_found" : "client_error";
+    this._stop("stopped", { reason, status, detail });
+  }
+
+  async _readBody(attempt, response) {
+    attempt.epoch = response.headers.get("X-Event-Epoch");
+    this._failures = 0;
+    const parser = createParser({
+      lastEventId: this._lastEventId,
+      onEvent: (event) => this._onParsedEvent(attempt, parser, event),
+      onRetry: (ms) => {
+        if (!attempt.dead) this._retryMs = ms;
+      },
+      onComment: (text) => {
+        if (!attempt.dead) this._call("onComment", text);
+      },
+    });
+    this._setState("open", { status: 200, epoch: attempt.epoch });
+    if (attempt.dead) {
+      discardBody(response);
+      return;
+    }
+    if (response.body === null) {
+      this._endOfStream(attempt, parser, "end_of_stream", {});
+      return;
+    }
+    const reader = response.body.getReader();
+    attempt.reader = reader;
+    try {
+      for (;;) {
+        while (this._paused && !attempt.dead) {
+          await new Promise((resolve) => this._resumeWaiters.push(resolve));
+        }
+        if (attempt.dead) return;
+        const { done, value } = await reader.read();
+        if (attempt.dead) return;
+        if (done) break;
+        parser.feedBytes(value);
+        if (attempt.dead) return; // a terminal frame in this chunk ended the connection
+        this._syncCursor(attempt, parser);
+      }
+    } catch (error) {
+      if (!attempt.dead) this._endOfStream(attempt, parser, "network_error", { error });
+      return;
+    }
+    this._endOfStream(attempt, parser, "end_of_stream", {});
+  }
+
+  _endOfStream(attempt, parser, reason, info) {
+    attempt.dead = true;
+    parser.end(); // SC-7: the unfinished block is discarded, its id never committed
+    this._attempt = null;
+    this._scheduleReconnect(reason, info);
+  }
+
+  _rememberRejected(token) {
+    this._rejectedTokens.add(token);
+    if (this._rejectedTokens.size > MAX_REMEMBERED_REJECTED_TOKENS) {
+      this._rejectedTokens.delete(this._rejectedTokens.values().next().value);
+    }
+  }
+
+  _syncCursor(attempt, parser) {
+    // The cursor only moves when an `id` field was committed on this connection, so its
+    // epoch is the one this response announced (EB-13, EB-17).
+    if (parser.lastEventId !== this._lastEventId) {
+      this._lastEventId = parser.lastEventId;
+      this._epoch = attempt.epoch;
+    }
+  }
+
+  _onParsedEvent(attempt, parser, event) {
+    if (attempt.dead) return; // bytes after a terminal frame are not delivered
+    this._syncCursor(attempt, parser);
+    const frame = {
+      type: event.type,
+      data: event.data,
+      json: tryParseJson(event.data),
+      lastEventId: event.lastEventId,
+      id: event.idField,
+    };
+    this._call("onEvent", frame);
+    if (frame.type === "state_resync_required") this._call("onResyncRequired", frame);
+    if (TERMINAL_FRAME_TYPES.has(frame.type) && this._attempt === attempt) {
+      this._abortAttempt();
+      this._scheduleReconnect(frame.type, { detail: frameDetail(frame) });
+    }
+  }
+}
+
+/**
+ * @typedef {object} Attempt
+ * @property {AbortController} controller  One per attempt (SC-13).
+ * @property {ReadableStreamDefaultReader|null} reader
+ * @property {boolean} dead  Set once the attempt is over; stale continuations check it.
+ * @property {string|null} epoch  `X-Event-Epoch` of this attempt's response.
+ */
+
+function tryParseJson(data) {
+  try {
+    return JSON.parse(data);
+  } catch {
+    return undefined;
+  }
+}
+
+function frameDetail(frame) {
+  const data = frame.json && typeof frame.json === "object" ? frame.json.data : undefined;
+  if (data && typeof data === "object") return data.reason ?? data.code ?? data.error;
+  return undefined;
+}
+
+function discardBody(response) {
+  if (response.body && !response.bodyUsed) response.body.cancel().catch(() => {});
+}
+
+async function readErrorDetail(response) {
+  try {
+    const body = JSON.parse(await response.text());
+    if (body && typeof body === "object") {
+      const parts = [body.code, body.error].filter((part) => typeof part === "string");
+      return parts.length > 0 ? parts.join(": ") : undefined;
+    }
+  } catch {
+    // not JSON, or the body failed: the status alone explains the stop
+  }
+  return undefined;
+}
+
+/** Encode a string as UTF-8 and return one char per byte, so fetch sends UTF-8 (SC-9). */
+function utf8ByteString(text) {
+  const bytes = new TextEncoder().encode(text);
+  let out = "";
+  for (const byte of bytes) out += String.fromCharCode(byte);
+  return out;
+}
+
+function withQueryParam(url, name, value) {
+  const hash = url.indexOf("#");
+  const base = hash === -1 ? url : url.slice(0, hash);
+  const fragment = hash === -1 ? "" : url.slice(hash);
+  const separator = base.includes("?") ? (base.endsWith("?") || base.endsWith("&") ? "" : "&") : "?";
+  return `${base}${separator}${encodeURIComponent(name)}=${encodeURIComponent(value)}${fragment}`;
+}
