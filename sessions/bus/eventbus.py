@@ -28,6 +28,7 @@ This package imports nothing from Django (a test proves it in a fresh interprete
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import secrets
@@ -327,7 +328,7 @@ class Subscription:
 
     def _push(self, frame: Frame) -> str | None:
         """Queue a live frame; return None if accepted, else the rejection reason (EB-3)."""
-        if self._waiter is not None and not self._items:
+        if self._waiter is not None and not self._waiter.done() and not self._items:
             # A consumer is already waiting: hand it over without byte sizing. It still
             # goes through the deque, so a consumer cancelled right now loses nothing.
             self._items.append(_Item(frame, live=False))
@@ -407,7 +408,7 @@ class EventBus:
         self.max_subscribers = max_subscribers
         self.max_queued_bytes = max_queued_bytes
         self.start_id = start_id
-        self.epoch = secrets.token_urlsafe(12)
+        self._epoch = secrets.token_urlsafe(12)
         self._next_id = start_id
         self._ring: deque[Frame] = deque(maxlen=ring_size)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
@@ -420,6 +421,11 @@ class EventBus:
     def last_event_id(self) -> int:
         """The last id assigned (``start_id - 1`` before any publish)."""
         return self._next_id - 1
+
+    @property
+    def epoch(self) -> str:
+        """A random token per bus instance, ``[A-Za-z0-9_-]{16}`` (EB-10)."""
+        return self._epoch
 
     @property
     def next_id(self) -> int:
@@ -510,11 +516,9 @@ class EventBus:
         originator = event.get("originatorClientId")
         if originator is not None:
             fields["originatorClientId"] = originator
-        try:
-            encoded: bytes | None = orjson.dumps(fields)
-        except (TypeError, orjson.JSONEncodeError) as exc:
-            logger.warning("event %d (%s) data not serializable: %s", event_id, event_type, exc)
-            encoded = None
+        encoded = _dumps(fields)
+        if encoded is None:
+            logger.warning("event %d (%s) data is not JSON-serializable", event_id, event_type)
         frame = Frame(fields, encoded)
         self._next_id = event_id + 1
         self._ring.append(frame)  # deque(maxlen=...) drops the oldest in O(1)
@@ -723,6 +727,24 @@ class EventBus:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dumps(fields: Mapping[str, Any]) -> bytes | None:
+    """Compact UTF-8 JSON of ``fields``, or None when it is not JSON-serializable (EB-2).
+
+    orjson is fast but refuses integers beyond 64 bits, which are valid JSON numbers; the
+    standard library serializes those (same compact form, non-ASCII kept as UTF-8).
+    """
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:
+        pass
+    try:
+        return json.dumps(
+            fields, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def _is_timestamp(value: object) -> bool:

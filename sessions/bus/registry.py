@@ -21,7 +21,7 @@ class Registry(Generic[T]):
 
     def __init__(self) -> None:
         self._entries: dict[str, T] = {}
-        self._pending: dict[str, asyncio.Future[T | None]] = {}
+        self._pending: dict[str, asyncio.Task[T | None]] = {}
 
     def get(self, key: str) -> T | None:
         """Return the entry for ``key`` if it is loaded. Never awaits, never raises."""
@@ -31,29 +31,30 @@ class Registry(Generic[T]):
         """Return the entry for ``key``, building it with ``factory`` if absent.
 
         ``factory`` returns None when there is nothing to build (unknown session); that
-        answer is not cached. Concurrent callers share one factory call; an exception
-        from ``factory`` reaches every one of them and nothing is stored.
+        answer is not cached. Concurrent callers share one factory call, which runs in
+        its own task: a caller that is cancelled (a client that went away) cancels
+        neither the build nor the other callers. An exception from ``factory`` reaches
+        every caller and nothing is stored.
         """
         entry = self._entries.get(key)
         if entry is not None:
             return entry
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._build(key, factory))
+            # Mark the outcome retrieved even if every caller went away before it ended.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._pending[key] = task
+        return await asyncio.shield(task)
+
+    async def _build(self, key: str, factory: Callable[[], Awaitable[T | None]]) -> T | None:
         try:
             entry = await factory()
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: the waiters, if any, re-raise it
-            raise
+            if entry is not None:
+                self._entries[key] = entry
+            return entry
         finally:
             self._pending.pop(key, None)
-        if entry is not None:
-            self._entries[key] = entry
-        future.set_result(entry)
-        return entry
 
     def pop(self, key: str) -> T | None:
         """Forget ``key`` and return what was stored. Never raises."""
