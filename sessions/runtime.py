@@ -47,7 +47,14 @@ class SessionNotFoundError(LookupError):
 
 
 class SessionClosedError(Exception):
-    """Raised when the session is closed (a 204 for streams, EB-15; a 409 for publish)."""
+    """Raised when the session is closed (a 204 for streams, EB-15; a 409 for publish).
+
+    ``owner_id`` lets a caller finish its access check (EB-12 comes before EB-15).
+    """
+
+    def __init__(self, session_id: str, owner_id: int | None) -> None:
+        super().__init__(session_id)
+        self.owner_id = owner_id
 
 
 @dataclass(eq=False)
@@ -75,7 +82,7 @@ def _load_and_reserve(session_id: str) -> LiveSession:
         if row is None:
             raise SessionNotFoundError(session_id)
         if row.is_closed:
-            raise SessionClosedError(session_id)
+            raise SessionClosedError(session_id, row.owner_id)
         start_id = row.event_id_reserved + 1
         reserved_until = row.event_id_reserved + config.id_reservation_block
         row.event_id_reserved = reserved_until
@@ -115,7 +122,7 @@ async def get_live_session(session_id: str) -> LiveSession:
     live = registry.get(session_id)
     if live is not None:
         if live.bus.closed:
-            raise SessionClosedError(session_id)
+            raise SessionClosedError(session_id, live.owner_id)
         return live
     loaded = await registry.get_or_create(
         session_id, lambda: database_sync_to_async(_load_and_reserve)(session_id)

@@ -222,6 +222,13 @@ class SessionEventStream:
             live = await runtime.get_live_session(session_id)
         except runtime.SessionNotFoundError:
             raise _Reject(404, "not_found", "unknown session") from None
+        except runtime.SessionClosedError as closed:
+            owner_id = closed.owner_id  # the 204 is for readers only (EB-12 before EB-15)
+            if authorization is None and not (is_staff or owner_id == user_id):
+                raise _Reject(
+                    403, "forbidden", "only the session's owner or staff may read it"
+                ) from None
+            raise
         if authorization is None and not (is_staff or live.owner_id == user_id):
             raise _Reject(403, "forbidden", "only the session's owner or staff may read it")
         return live, last_event_id, epoch, max_queued

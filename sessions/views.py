@@ -11,9 +11,11 @@ front of Django by ``qwenweb.asgi``.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from channels.db import database_sync_to_async
@@ -21,7 +23,6 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from sessions import runtime
 from sessions.auth import TokenClaims, TokenError, issue_token, parse_bearer, verify_token
@@ -152,12 +153,12 @@ def _parse_json_body(request: HttpRequest, *, required: bool) -> Any:
         raise ApiError(413, "body_too_large", f"body exceeds {limit} bytes", limit=limit)
     if not body.strip():
         if required:
-            raise ApiError(400, "invalid_json", "a JSON object body is required")
+            raise ApiError(400, "invalid_json", "a JSON object body is required", field="")
         return {}
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}", field="") from None
 
 
 def _json_depth_exceeds(value: Any, limit: int) -> bool:
@@ -232,17 +233,40 @@ def session_urls(request: HttpRequest, session_id: str) -> dict[str, str]:
     }
 
 
+_View = TypeVar("_View", bound=Callable[..., Awaitable[HttpResponse]])
+
+
+def allow_methods(*methods: str) -> Callable[[_View], _View]:
+    """Answer other methods with a JSON 405 and an ``Allow`` header (Django's is HTML)."""
+
+    def decorate(view: _View) -> _View:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                response = error_response(
+                    405, "method_not_allowed", f"use {' or '.join(methods)} here"
+                )
+                response["Allow"] = ", ".join(methods)
+                return response
+            return await view(request, *args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
 # -- views ------------------------------------------------------------------------------
 
 
-@require_GET
+@csrf_exempt  # read-only: other methods get the JSON 405, not the CSRF page
+@allow_methods("GET", "HEAD")
 async def capabilities(request: HttpRequest) -> JsonResponse:
     """``GET /capabilities``: what this server supports (section 5)."""
     return JsonResponse(CAPABILITIES)
 
 
 @csrf_exempt
-@require_POST
+@allow_methods("POST")
 async def create_session(request: HttpRequest) -> JsonResponse:
     """``POST /session``: create a session; 201 with its id, URLs and read/publish tokens.
 
@@ -314,7 +338,8 @@ def _create_row_sync(title: str, ring_size: int | None, principal: Principal) ->
     return AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
 
 
-@require_GET
+@csrf_exempt  # read-only: other methods get the JSON 405, not the CSRF page
+@allow_methods("GET", "HEAD")
 async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET /session/<id>``: the snapshot a client rebuilds from after a resync (section 5).
 
@@ -359,9 +384,11 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     by ``sessions.stream`` in front of Django.)
     """
     if request.method != "POST":
-        return error_response(
+        response = error_response(
             405, "method_not_allowed", "POST publishes; GET streams (served by the ASGI router)"
         )
+        response["Allow"] = "GET, POST"
+        return response
     try:
         session_id = _session_id_or_404(session_id)
         principal = await _authenticate(request)
@@ -384,7 +411,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
 
 
 @csrf_exempt
-@require_POST
+@allow_methods("POST")
 async def close_session(request: HttpRequest, session_id: str) -> JsonResponse:
     """``POST /session/<id>/close``: publish ``session_closed``, close the bus (section 5).
 
@@ -418,7 +445,8 @@ async def close_session(request: HttpRequest, session_id: str) -> JsonResponse:
     )
 
 
-@require_POST
+@csrf_exempt  # checked below, after the login check, so failures are JSON
+@allow_methods("POST")
 async def session_token(request: HttpRequest, session_id: str) -> JsonResponse:
     """``POST /session/<id>/token``: a short-lived token for the logged-in owner or staff.
 
@@ -431,6 +459,7 @@ async def session_token(request: HttpRequest, session_id: str) -> JsonResponse:
         user = await request.auser()
         if not user.is_authenticated:
             raise ApiError(401, "unauthorized", "log in to obtain a token")
+        _enforce_csrf(request)
         scope = request.POST.get("scope") if request.POST else None
         if scope is None:
             body = _parse_json_body(request, required=False)

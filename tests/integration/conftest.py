@@ -1,0 +1,409 @@
+"""Plumbing for integration tests through the real ASGI application (``qwenweb.asgi``).
+
+Every request goes through asgiref's ``ApplicationCommunicator``: it hands out one ASGI
+message at a time, so a test can read the start of an endless event stream, act, and read
+on (httpx's ASGI transport and Channels' ``HttpCommunicator`` wait for the body to end).
+Every wait is bounded by ``WAIT_S``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import pytest_asyncio
+from asgiref.testing import ApplicationCommunicator
+from django.conf import settings as django_settings
+from django.contrib.auth import get_user_model
+from django.test import AsyncClient
+
+from qwenweb.asgi import application
+from sessions import runtime
+from sessions.auth import issue_token
+from sessions.models import AgentSession
+from sessions.sse import ServerSentEvent, SSEParser
+
+WAIT_S = 2.0
+"""Upper bound for any single wait on the application (a message, the app ending)."""
+
+HOST = "testserver"
+CSRF_SECRET = "a" * 32
+"""A CSRF secret sent both as the ``csrftoken`` cookie and the ``X-CSRFToken`` header."""
+
+Headers = dict[str, str] | Iterable[tuple[str, str | bytes]]
+
+
+def _encode_headers(headers: Headers | None) -> list[tuple[bytes, bytes]]:
+    items = headers.items() if isinstance(headers, dict) else (headers or ())
+    encoded = [(b"host", HOST.encode())]
+    for name, value in items:
+        raw = value if isinstance(value, bytes) else value.encode("latin-1")
+        encoded.append((name.lower().encode("latin-1"), raw))
+    return encoded
+
+
+def http_scope(
+    method: str, path: str, headers: Headers | None = None, query: str | dict[str, Any] = ""
+) -> dict[str, Any]:
+    """Return an ASGI 3 ``http`` scope; ``query`` is a raw string or a dict to urlencode."""
+    query_string = urlencode(query, doseq=True) if isinstance(query, dict) else query
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query_string.encode("latin-1"),
+        "root_path": "",
+        "headers": _encode_headers(headers),
+        "client": ("127.0.0.1", 50000),
+        "server": (HOST, 80),
+    }
+
+
+# -- plain (ending) responses ------------------------------------------------------------
+
+
+@dataclass
+class Response:
+    """A whole HTTP response: status, headers (lowercase name -> value) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _header_dict(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in raw}
+
+
+async def call(
+    method: str,
+    path: str,
+    *,
+    headers: Headers | None = None,
+    json_body: Any = None,
+    body: bytes | None = None,
+    query: str | dict[str, Any] = "",
+) -> Response:
+    """Send one request through ``application`` and collect the whole response (bounded)."""
+    header_list = list(headers.items() if isinstance(headers, dict) else (headers or ()))
+    if json_body is not None:
+        body = json.dumps(json_body).encode()
+        header_list.append(("content-type", "application/json"))
+    body = body or b""
+    header_list.append(("content-length", str(len(body))))
+    communicator = ApplicationCommunicator(
+        application, http_scope(method, path, header_list, query)
+    )
+    await communicator.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await communicator.receive_output(WAIT_S)
+    assert start["type"] == "http.response.start", start
+    chunks = []
+    while True:
+        message = await communicator.receive_output(WAIT_S)
+        assert message["type"] == "http.response.body", message
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await communicator.wait(WAIT_S)
+    return Response(start["status"], _header_dict(start.get("headers", [])), b"".join(chunks))
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def csrf_headers(cookie: str = "", *, with_header: bool = True) -> dict[str, str]:
+    """Headers of a browser request: the login cookie, the CSRF cookie, the CSRF header."""
+    cookies = "; ".join(
+        c for c in (cookie, f"{django_settings.CSRF_COOKIE_NAME}={CSRF_SECRET}") if c
+    )
+    headers = {"cookie": cookies}
+    if with_header:
+        headers["x-csrftoken"] = CSRF_SECRET
+    return headers
+
+
+async def publish(session_id: str, event: dict[str, Any], token: str | None = None) -> Response:
+    """``POST /session/<id>/events`` with a publish token (one is issued if not given)."""
+    token = token or issue_token(session_id, ["publish"])
+    return await call(
+        "POST", f"/session/{session_id}/events", headers=bearer(token), json_body=event
+    )
+
+
+async def publish_many(session_id: str, count: int) -> list[int]:
+    """Publish ``count`` events ``{"type": "step", "data": {"n": i}}``; return their ids."""
+    ids = []
+    for n in range(count):
+        response = await publish(session_id, {"type": "step", "data": {"n": n}})
+        assert response.status == 200, response.body
+        ids.append(response.json()["id"])
+    return ids
+
+
+async def load(session_id: str, token: str | None = None) -> Response:
+    """``GET /session/<id>`` with a read token (one is issued if not given)."""
+    token = token or issue_token(session_id, ["read"])
+    return await call("GET", f"/session/{session_id}", headers=bearer(token))
+
+
+async def close(session_id: str, token: str | None = None) -> Response:
+    """``POST /session/<id>/close`` with a publish token (one is issued if not given)."""
+    token = token or issue_token(session_id, ["publish"])
+    return await call("POST", f"/session/{session_id}/close", headers=bearer(token))
+
+
+def live_bus(session_id: str) -> Any:
+    """The bus of a loaded session in this process (the test runs on the server's loop)."""
+    live = runtime.registry.get(session_id)
+    assert live is not None, f"session {session_id} is not loaded"
+    return live.bus
+
+
+# -- streams -----------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    """One open ``GET /session/<id>/events``: read it message by message, every wait bounded.
+
+    ``chunks`` are the raw body messages, ``events`` what :class:`SSEParser` dispatched,
+    ``comments`` the comment lines, ``ended`` whether a body message had ``more_body``
+    False.
+    """
+
+    communicator: ApplicationCommunicator
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: list[bytes] = field(default_factory=list)
+    events: list[ServerSentEvent] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        self._parser = SSEParser(self.events.append, on_comment=self.comments.append)
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    @property
+    def frames(self) -> list[dict[str, Any]]:
+        """The ``data`` of every dispatched event, parsed as JSON (the whole envelope)."""
+        return [json.loads(event.data) for event in self.events]
+
+    @property
+    def types(self) -> list[str]:
+        return [event.type for event in self.events]
+
+    def blocks(self) -> list[list[str]]:
+        """The body split into SSE blocks, each a list of lines (for ``id:`` checks)."""
+        text = self.body.decode()
+        return [block.split("\n") for block in text.split("\n\n") if block]
+
+    def frame(self, event_type: str) -> dict[str, Any]:
+        """The first frame of ``event_type`` read so far."""
+        return next(f for f in self.frames if f["type"] == event_type)
+
+    async def read_start(self) -> Stream:
+        message = await self._receive()
+        assert message["type"] == "http.response.start", message
+        self.status = message["status"]
+        self.headers = _header_dict(message.get("headers", []))
+        return self
+
+    async def read_chunk(self) -> bytes:
+        """Read one body message; raises AssertionError if the body already ended."""
+        assert not self.ended, "the stream already ended"
+        message = await self._receive()
+        assert message["type"] == "http.response.body", message
+        chunk = message.get("body", b"")
+        self.chunks.append(chunk)
+        self._parser.feed_bytes(chunk)
+        if not message.get("more_body", False):
+            self.ended = True
+            self._parser.end()
+        return chunk
+
+    async def read_until(self, predicate: Callable[[Stream], bool]) -> Stream:
+        """Read body messages until ``predicate(self)`` holds; fail if the body ends first."""
+        while not predicate(self):
+            assert not self.ended, f"stream ended before the condition; got {self.types}"
+            await self.read_chunk()
+        return self
+
+    async def read_until_type(self, event_type: str) -> dict[str, Any]:
+        """Read until a frame of ``event_type`` arrives and return it."""
+        await self.read_until(lambda s: event_type in s.types)
+        return self.frame(event_type)
+
+    async def read_to_end(self) -> Stream:
+        while not self.ended:
+            await self.read_chunk()
+        return self
+
+    async def disconnect(self) -> None:
+        """Send ``http.disconnect`` and wait (bounded) for the application to return."""
+        await self.communicator.send_input({"type": "http.disconnect"})
+        await self.communicator.wait(WAIT_S)
+
+    @property
+    def done(self) -> bool:
+        return self.communicator.future.done()
+
+    async def _receive(self) -> dict[str, Any]:
+        try:
+            return await self.communicator.receive_output(WAIT_S)
+        except TimeoutError:
+            raise AssertionError(
+                f"no message from the application within {WAIT_S}s; got {self.types}"
+            ) from None
+
+
+OpenStream = Callable[..., Awaitable[Stream]]
+
+
+@pytest_asyncio.fixture
+async def open_stream() -> AsyncIterator[OpenStream]:
+    """Return ``open_stream(path, headers=None, query="", method="GET")``.
+
+    Sends the scope and ``http.request`` and returns a :class:`Stream` whose response
+    start is already read. Streams still open at the end of the test are disconnected.
+    """
+    opened: list[ApplicationCommunicator] = []
+
+    async def _open(
+        path: str, headers: Headers | None = None, query: str | dict[str, Any] = "", method="GET"
+    ) -> Stream:
+        communicator = ApplicationCommunicator(
+            application, http_scope(method, path, headers, query)
+        )
+        opened.append(communicator)
+        await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+        return await Stream(communicator).read_start()
+
+    yield _open
+    for communicator in opened:
+        if not communicator.future.done():
+            await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(WAIT_S)
+
+
+@pytest.fixture
+def stream_of(open_stream: OpenStream) -> Callable[..., Awaitable[Stream]]:
+    """Return ``stream_of(session_id, token=None, headers=None, query="")``.
+
+    Opens the session's stream with a read token (issued if not given) plus ``headers``.
+    """
+
+    async def _open(
+        session_id: str,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        query: str | dict[str, Any] = "",
+    ) -> Stream:
+        all_headers = {**bearer(token or issue_token(session_id, ["read"])), **(headers or {})}
+        return await open_stream(f"/session/{session_id}/events", all_headers, query)
+
+    return _open
+
+
+# -- data --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_session() -> Callable[..., Awaitable[str]]:
+    """Return ``await make_session(**fields)``: create an ``AgentSession`` row, give its id."""
+
+    async def _make(**fields: Any) -> str:
+        row = await AgentSession.objects.acreate(**fields)
+        return row.id
+
+    return _make
+
+
+@pytest.fixture
+def make_user() -> Callable[..., Awaitable[Any]]:
+    """Return ``await make_user(username, is_staff=False)``."""
+
+    async def _make(username: str, *, is_staff: bool = False) -> Any:
+        return await get_user_model().objects.acreate_user(username=username, is_staff=is_staff)
+
+    return _make
+
+
+async def login_cookie(user: Any) -> str:
+    """Return a ``Cookie`` header value holding a Django login session for ``user``."""
+    client = AsyncClient()
+    await client.aforce_login(user)
+    name = django_settings.SESSION_COOKIE_NAME
+    return f"{name}={client.cookies[name].value}"
+
+
+@pytest.fixture
+def qwenweb_settings(settings: Any) -> Callable[..., None]:
+    """Return ``qwenweb_settings(KEY=value, ...)``: override keys of ``settings.QWENWEB``.
+
+    ``sessions.conf`` clears its cache on ``setting_changed``; pytest-django restores the
+    setting afterwards. Bus settings apply to buses built after the call.
+    """
+
+    def _override(**values: Any) -> None:
+        settings.QWENWEB = {**settings.QWENWEB, **values}
+
+    return _override
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` that also sees the ``qwenweb`` loggers (they do not propagate to root)."""
+    logger = logging.getLogger("qwenweb")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def records(logs: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    """The captured records whose message contains ``text``."""
+    return [r for r in logs.records if text in r.getMessage()]
+
+
+def burst(session_id: str, count: int, event_type: str = "burst") -> None:
+    """Publish ``count`` events on the loaded bus without yielding to the event loop.
+
+    The stream's pump cannot run in between, so the frames pile up in the subscriber
+    queue exactly as they would behind a client that stops reading (EB-3, EB-4).
+    """
+    live = runtime.registry.get(session_id)
+    assert live is not None, f"session {session_id} is not loaded"
+    for n in range(count):
+        assert runtime.publish(live, {"type": event_type, "data": {"n": n}}) is not None
+
+
+def assert_error(response: Response | Stream, status: int, code: str) -> dict[str, Any]:
+    """Assert a JSON error ``{"error": <non-empty str>, "code": code, ...}``; return it."""
+    if isinstance(response, Stream):
+        assert response.ended, "read the rejected stream to its end first"
+    assert response.status == status, (response.status, response.body)
+    assert response.headers.get("content-type", "").startswith("application/json"), response.headers
+    body = json.loads(response.body)
+    assert isinstance(body.get("error"), str), body
+    assert body["error"], body
+    assert body.get("code") == code, body
+    if status == 401:
+        assert response.headers.get("www-authenticate", "").startswith("Bearer"), response.headers
+    return body

@@ -1,0 +1,762 @@
+"""``GET /session/<id>/events`` through the real ASGI application (EB-7, EB-12 ... EB-20).
+
+Contract: ``shared/spec/event-bus.md`` section 4 (and section 5 for restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.core import signing
+
+import sessions.stream
+from sessions import runtime
+from sessions.auth import TOKEN_SALT, issue_token
+from tests.integration.conftest import (
+    assert_error,
+    bearer,
+    burst,
+    close,
+    live_bus,
+    load,
+    login_cookie,
+    publish,
+    publish_many,
+    records,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+def _ids(frames: list[dict[str, Any]]) -> list[int]:
+    return [f["id"] for f in frames if "id" in f]
+
+
+# -- EB-12: authentication ---------------------------------------------------------------
+
+
+def _forged(session_id: str) -> str:
+    payload = {"sid": session_id, "scp": ["read"], "sub": ""}
+    return signing.dumps(payload, salt=TOKEN_SALT, key="not-the-server-secret")
+
+
+def _expired(session_id: str) -> str:
+    two_hours_ago = signing.b62_encode(int(time.time()) - 2 * 3600)
+    with mock.patch.object(signing.TimestampSigner, "timestamp", return_value=two_hours_ago):
+        return issue_token(session_id, ["read"])
+
+
+BAD_AUTHORIZATION = {
+    "no token after scheme": lambda sid: "Bearer",
+    "other scheme": lambda sid: "Basic dXNlcjpwYXNz",
+    "two tokens": lambda sid: f"Bearer {issue_token(sid, ['read'])} extra",
+    "garbage token": lambda sid: "Bearer not-a-token",
+    "oversized token": lambda sid: "Bearer " + "x" * 5000,
+    "forged": lambda sid: f"Bearer {_forged(sid)}",
+    "expired": lambda sid: f"Bearer {_expired(sid)}",
+}
+
+
+async def test_stream_without_credentials_is_401_and_names_nothing(make_session, open_stream):
+    # EB-12
+    sid = await make_session(title="secret title")
+    stream = await (await open_stream(f"/session/{sid}/events")).read_to_end()
+    assert_error(stream, 401, "unauthorized")
+    assert sid.encode() not in stream.body
+    assert b"secret title" not in stream.body
+
+
+@pytest.mark.parametrize("authorization", BAD_AUTHORIZATION.values(), ids=BAD_AUTHORIZATION)
+async def test_stream_with_bad_token_is_401_and_names_nothing(
+    make_session, open_stream, authorization
+):
+    # EB-12
+    sid = await make_session(title="secret title")
+    headers = {"authorization": authorization(sid)}
+    stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
+    assert_error(stream, 401, "unauthorized")
+    assert sid.encode() not in stream.body
+    assert b"secret title" not in stream.body
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        lambda sid, other: issue_token(other, ["read"]),
+        lambda sid, other: issue_token(sid, ["publish"]),
+        lambda sid, other: issue_token("*", ["create"]),
+    ],
+    ids=["another session's token", "publish-only token", "create token"],
+)
+async def test_stream_with_token_not_granting_read_here_is_403(make_session, stream_of, token):
+    # EB-12
+    sid, other = await make_session(title="secret title"), await make_session()
+    stream = await (await stream_of(sid, token(sid, other))).read_to_end()
+    assert_error(stream, 403, "forbidden")
+    assert sid.encode() not in stream.body
+    assert b"secret title" not in stream.body
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
+async def test_stream_bearer_scheme_is_case_insensitive(make_session, open_stream, scheme):
+    # EB-12
+    sid = await make_session()
+    headers = {"authorization": f"{scheme} {issue_token(sid, ['read'])}"}
+    stream = await open_stream(f"/session/{sid}/events", headers)
+    assert stream.status == 200
+
+
+# -- EB-12: login-session auth (EventSource sends cookies, not Authorization) ------------
+
+
+async def test_stream_opens_for_logged_in_owner_with_session_cookie(
+    make_session, make_user, open_stream
+):
+    # EB-12
+    owner = await make_user("owner")
+    sid = await make_session(owner=owner)
+    stream = await open_stream(f"/session/{sid}/events", {"cookie": await login_cookie(owner)})
+    assert stream.status == 200
+    assert (await publish(sid, {"type": "hello"})).status == 200
+    assert (await stream.read_until_type("hello"))["id"] == 1
+
+
+async def test_stream_for_logged_in_non_owner_is_403(make_session, make_user, open_stream):
+    # EB-12
+    owner, stranger = await make_user("owner"), await make_user("stranger")
+    sid = await make_session(owner=owner, title="secret title")
+    headers = {"cookie": await login_cookie(stranger)}
+    stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
+    assert_error(stream, 403, "forbidden")
+    assert b"secret title" not in stream.body
+
+
+async def test_stream_opens_for_logged_in_staff_who_is_not_owner(
+    make_session, make_user, open_stream
+):
+    # EB-12
+    owner, staff = await make_user("owner"), await make_user("staff", is_staff=True)
+    sid = await make_session(owner=owner)
+    stream = await open_stream(f"/session/{sid}/events", {"cookie": await login_cookie(staff)})
+    assert stream.status == 200
+
+
+async def test_stream_with_unknown_session_cookie_is_401(make_session, open_stream):
+    # EB-12
+    sid = await make_session()
+    headers = {"cookie": "sessionid=nosuchsessionkeyatall0123456789"}
+    stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
+    assert_error(stream, 401, "unauthorized")
+
+
+# -- EB-13: Last-Event-ID and X-Event-Epoch ------------------------------------------------
+
+BAD_CURSORS = {
+    "empty": b"",
+    "leading space": b" 2",
+    "trailing space": b"2 ",
+    "plus sign": b"+2",
+    "minus sign": b"-2",
+    "fraction": b"2.0",
+    "exponent": b"2e0",
+    "hex": b"0x2",
+    "comma-joined": b"1,2",
+    "too large": b"9007199254740992",
+    "non-ASCII digit": "٢".encode(),
+    "letters": b"abc",
+}
+
+
+async def _assert_live_only(sid: str, stream) -> None:
+    """Publish one event and read up to it: no replay or resync frame came before it."""
+    assert stream.status == 200
+    assert (await publish(sid, {"type": "live"})).status == 200
+    await stream.read_until_type("live")
+    assert stream.types == ["live"], stream.types
+
+
+@pytest.mark.parametrize("cursor", BAD_CURSORS.values(), ids=BAD_CURSORS)
+async def test_invalid_last_event_id_gives_live_only_stream_and_one_log_line(
+    make_session, stream_of, logs, cursor
+):
+    # EB-13
+    sid = await make_session()
+    await publish_many(sid, 3)
+    stream = await stream_of(sid, headers={"last-event-id": cursor})
+    await _assert_live_only(sid, stream)
+    assert len(records(logs, "last_event_id_rejected")) == 1
+
+
+async def test_two_last_event_id_headers_give_live_only_stream(make_session, open_stream, logs):
+    # EB-13
+    sid = await make_session()
+    await publish_many(sid, 3)
+    headers = [*bearer(issue_token(sid, ["read"])).items(), ("last-event-id", "1")]
+    stream = await open_stream(f"/session/{sid}/events", [*headers, ("last-event-id", "2")])
+    await _assert_live_only(sid, stream)
+    assert len(records(logs, "last_event_id_rejected")) == 1
+
+
+async def test_rejected_last_event_id_is_logged_sanitized_and_clipped(
+    make_session, stream_of, logs
+):
+    # EB-13
+    sid = await make_session()
+    cursor = b"12\x00\x1b[31m\r\n" + b"9" * 500
+    stream = await stream_of(sid, headers={"last-event-id": cursor})
+    await _assert_live_only(sid, stream)
+    (record,) = records(logs, "last_event_id_rejected")
+    message = record.getMessage()
+    assert not any(ch in message for ch in "\x00\x1b\r\n")
+    assert "9" * 100 not in message
+    assert "12[31m" in message
+    assert "…" in message
+
+
+async def test_last_event_id_with_leading_zeros_is_a_valid_cursor(make_session, stream_of):
+    # EB-13
+    sid = await make_session()
+    await publish_many(sid, 3)
+    stream = await stream_of(sid, headers={"last-event-id": "0002"})
+    await stream.read_until_type("replay_complete")
+    assert stream.types == ["step", "replay_complete"]
+    assert _ids(stream.frames) == [3]
+
+
+async def test_last_event_id_at_max_safe_integer_is_a_valid_cursor(make_session, stream_of):
+    # EB-13: 2**53 - 1 is accepted (so it is an epoch reset here, not a live-only stream)
+    sid = await make_session()
+    await publish_many(sid, 1)
+    stream = await stream_of(sid, headers={"last-event-id": str(2**53 - 1)})
+    resync = await stream.read_until_type("replay_complete")
+    assert stream.frame("state_resync_required")["data"]["reason"] == "epoch_reset"
+    assert resync["data"]["replayedCount"] == 1
+
+
+@pytest.mark.parametrize("epoch", [b"", b"has space", b"bad!", b"x" * 65, "é".encode()])
+async def test_invalid_event_epoch_is_ignored_with_a_log_line(make_session, stream_of, logs, epoch):
+    # EB-13
+    sid = await make_session()
+    await publish_many(sid, 2)
+    stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
+    await stream.read_until_type("replay_complete")
+    assert stream.types == ["step", "replay_complete"]
+    assert _ids(stream.frames) == [2]
+    assert len(records(logs, "epoch_rejected")) == 1
+
+
+async def test_matching_event_epoch_replays_after_the_cursor(make_session, stream_of):
+    # EB-13, EB-7
+    sid = await make_session()
+    await publish_many(sid, 2)
+    epoch = (await load(sid)).json()["epoch"]
+    stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
+    await stream.read_until_type("replay_complete")
+    assert stream.types == ["step", "replay_complete"]
+    assert _ids(stream.frames) == [2]
+
+
+async def test_mismatched_event_epoch_gives_epoch_reset_and_replays_whole_ring(
+    make_session, stream_of
+):
+    # EB-13, EB-7
+    sid = await make_session()
+    await publish_many(sid, 2)
+    stream = await stream_of(sid, headers={"last-event-id": "2", "x-event-epoch": "oldEpoch_1"})
+    await stream.read_until_type("replay_complete")
+    assert stream.frames[0]["data"] == {
+        "reason": "epoch_reset",
+        "lastDeliveredId": 2,
+        "earliestAvailableId": 1,
+        "detail": "epoch_mismatch",
+    }
+    assert _ids(stream.frames) == [1, 2]
+
+
+# -- EB-14: ?maxQueued -------------------------------------------------------------------
+
+BAD_MAX_QUEUED = {
+    "letters": "maxQueued=abc",
+    "below minimum": "maxQueued=15",
+    "above maximum": "maxQueued=2049",
+    "empty": "maxQueued=",
+    "exponent": "maxQueued=1e2",
+    "plus sign": "maxQueued=%2B20",
+    "fraction": "maxQueued=20.0",
+    "negative": "maxQueued=-20",
+    "space": "maxQueued=%2020",
+    "zero": "maxQueued=0",
+    "two values": "maxQueued=20&maxQueued=30",
+    "fullwidth digits": "maxQueued=%EF%BC%92%EF%BC%90",
+}
+
+
+@pytest.mark.parametrize("query", BAD_MAX_QUEUED.values(), ids=BAD_MAX_QUEUED)
+async def test_invalid_max_queued_is_400(make_session, stream_of, query):
+    # EB-14
+    sid = await make_session()
+    stream = await (await stream_of(sid, query=query)).read_to_end()
+    assert_error(stream, 400, "invalid_max_queued")
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("", 256), ("maxQueued=16", 16), ("maxQueued=2048", 2048), ("other=1", 256)],
+)
+async def test_max_queued_sets_the_subscriber_cap(make_session, stream_of, query, expected):
+    # EB-14, EB-4: the cap shows in the slow_client_warning of a burst
+    sid = await make_session()
+    stream = await stream_of(sid, query=query)
+    assert stream.status == 200
+    burst(sid, expected)
+    warning = await stream.read_until_type("slow_client_warning")
+    assert warning["data"]["maxQueued"] == expected
+
+
+# -- EB-15: unknown and closed sessions --------------------------------------------------
+
+
+async def test_stream_of_unknown_session_is_404(stream_of):
+    # EB-15
+    stream = await (await stream_of(str(uuid.uuid4()))).read_to_end()
+    assert_error(stream, 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    "raw_id", ["not-a-session", "B9F5B3C2-0D5E-4B8E-9E2F-3C9E1C6B7A10", "1" * 36]
+)
+async def test_stream_of_malformed_session_id_is_404(make_user, open_stream, raw_id):
+    # EB-15 (a staff login passes EB-12 for any session)
+    staff = await make_user("staff", is_staff=True)
+    headers = {"cookie": await login_cookie(staff)}
+    stream = await (await open_stream(f"/session/{raw_id}/events", headers)).read_to_end()
+    assert_error(stream, 404, "not_found")
+
+
+async def test_stream_of_closed_session_is_204_with_empty_body(make_session, stream_of):
+    # EB-15
+    sid = await make_session(status="closed")
+    stream = await (await stream_of(sid)).read_to_end()
+    assert stream.status == 204
+    assert stream.body == b""
+
+
+async def test_stream_of_closed_session_without_auth_is_401(make_session, open_stream):
+    # EB-12 before EB-15
+    sid = await make_session(status="closed")
+    stream = await (await open_stream(f"/session/{sid}/events")).read_to_end()
+    assert_error(stream, 401, "unauthorized")
+
+
+async def test_stream_of_closed_session_for_logged_in_non_owner_is_403(
+    make_session, make_user, open_stream
+):
+    # EB-12 before EB-15: a non-owner learns nothing, not even that the session closed
+    owner, stranger = await make_user("owner"), await make_user("stranger")
+    sid = await make_session(owner=owner, status="closed")
+    headers = {"cookie": await login_cookie(stranger)}
+    stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
+    assert_error(stream, 403, "forbidden")
+
+
+async def test_checks_run_in_order_auth_then_max_queued_then_lookup(stream_of, open_stream):
+    # EB-12, EB-14, EB-15: each answered before any stream byte, in this order
+    sid = str(uuid.uuid4())
+    anonymous = await open_stream(f"/session/{sid}/events", query="maxQueued=1")
+    assert_error(await anonymous.read_to_end(), 401, "unauthorized")
+    authorized = await stream_of(sid, query="maxQueued=1")
+    assert_error(await authorized.read_to_end(), 400, "invalid_max_queued")
+
+
+# -- EB-4, EB-5 through the route: a client that stops reading ----------------------------
+
+
+async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_ends(
+    make_session, stream_of
+):
+    # EB-4, EB-5 (the pump is held off by publishing without yielding)
+    sid = await make_session()
+    stream = await stream_of(sid, query="maxQueued=16")
+    burst(sid, 40)
+    await stream.read_to_end()
+    assert stream.types[-1] == "client_evicted"
+    assert "slow_client_warning" in stream.types
+    evicted = stream.frames[-1]["data"]
+    delivered = _ids(stream.frames)
+    assert delivered == list(range(1, len(delivered) + 1))
+    assert evicted["reason"] == "queue_overflow"
+    assert evicted["droppedAfter"] == delivered[-1] + 1
+    assert live_bus(sid).subscriber_count == 0
+
+
+# -- EB-16: subscriber limit -------------------------------------------------------------
+
+
+async def test_subscriber_over_the_limit_gets_retry_5000_and_one_stream_error(
+    make_session, stream_of, qwenweb_settings
+):
+    # EB-16
+    qwenweb_settings(MAX_SUBSCRIBERS=2)
+    sid = await make_session()
+    await stream_of(sid), await stream_of(sid)
+    third = await (await stream_of(sid)).read_to_end()
+    assert (third.status, third.headers["retry-after"]) == (200, "5")
+    assert third.headers["content-type"] == "text/event-stream"
+    assert third.body.startswith(b"retry: 5000\n\nevent: stream_error\ndata: ")
+    assert third.types == ["stream_error"]
+    assert b"id:" not in third.body
+    assert third.frames[0]["data"] == {
+        "error": "subscriber limit reached",
+        "code": "subscriber_limit_exceeded",
+        "limit": 2,
+        "retryAfterMs": 5000,
+    }
+
+
+async def test_subscriber_slot_is_free_again_after_a_disconnect(
+    make_session, stream_of, qwenweb_settings
+):
+    # EB-16, EB-20
+    qwenweb_settings(MAX_SUBSCRIBERS=1)
+    sid = await make_session()
+    await (await stream_of(sid)).disconnect()
+    stream = await stream_of(sid)
+    assert stream.status == 200
+    assert "retry-after" not in stream.headers
+
+
+# -- EB-17: headers ------------------------------------------------------------------------
+
+
+async def test_stream_headers_are_exactly_the_event_stream_set(make_session, stream_of):
+    # EB-17
+    sid = await make_session()
+    stream = await stream_of(sid)
+    assert stream.status == 200
+    assert stream.headers == {
+        "content-type": "text/event-stream",
+        "cache-control": "no-cache, no-transform",
+        "x-accel-buffering": "no",
+        "x-event-epoch": (await load(sid)).json()["epoch"],
+    }
+
+
+# -- EB-18: body ---------------------------------------------------------------------------
+
+
+async def test_first_body_chunk_is_retry_3000_before_any_event(make_session, stream_of):
+    # EB-18
+    sid = await make_session()
+    stream = await stream_of(sid)
+    assert await stream.read_chunk() == b"retry: 3000\n\n"
+    assert not stream.ended
+
+
+async def test_published_event_reaches_the_open_stream_at_once(make_session, stream_of):
+    # EB-18: nothing is held until the stream ends
+    sid = await make_session()
+    stream = await stream_of(sid)
+    response = await publish(sid, {"type": "progress", "data": {"pct": 50}})
+    frame = await stream.read_until_type("progress")
+    assert frame["id"] == response.json()["id"] == 1
+    assert frame["data"] == {"pct": 50}
+    assert not stream.ended
+
+
+async def test_only_real_events_carry_an_id_line(make_session, stream_of):
+    # EB-18
+    sid = await make_session()
+    await publish_many(sid, 1)
+    stream = await stream_of(sid, headers={"last-event-id": "0"})
+    await publish(sid, {"type": "live"})
+    await stream.read_until_type("live")
+    blocks = stream.blocks()
+    assert blocks[0] == ["retry: 3000"]
+    assert blocks[1][:2] == ["id: 1", "event: step"]
+    assert blocks[3][:2] == ["id: 2", "event: live"]
+    assert blocks[2][0] == "event: replay_complete"
+    assert len(blocks[2]) == 2
+
+
+async def test_frames_are_written_as_compact_json_of_the_whole_envelope(make_session, stream_of):
+    # EB-18, section 2
+    sid = await make_session()
+    stream = await stream_of(sid)
+    await publish(sid, {"type": "t", "data": {"a": "é"}, "originatorClientId": "c1"})
+    frame = await stream.read_until_type("t")
+    assert list(frame) == ["id", "v", "type", "data", "_meta", "originatorClientId"]
+    assert 'data: {"id":1,"v":1,"type":"t","data":{"a":"é"},' in stream.body.decode()
+
+
+async def test_synthetic_frames_get_a_server_timestamp_at_write_time(make_session, stream_of):
+    # EB-18
+    sid = await make_session()
+    before = time.time_ns() // 1_000_000
+    stream = await stream_of(sid, headers={"last-event-id": "0"})
+    frame = await stream.read_until_type("replay_complete")
+    assert "id" not in frame
+    assert frame["v"] == 1
+    assert before <= frame["_meta"]["serverTimestamp"] <= time.time_ns() // 1_000_000
+
+
+async def test_idle_stream_writes_heartbeat_comments(make_session, stream_of, qwenweb_settings):
+    # EB-18
+    qwenweb_settings(HEARTBEAT_INTERVAL_S=0.05)
+    sid = await make_session()
+    stream = await stream_of(sid)
+    await stream.read_until(lambda s: len(s.comments) >= 2)
+    assert stream.comments == ["heartbeat", "heartbeat"]
+    assert stream.events == []
+    assert stream.chunks[1:] == [b": heartbeat\n\n"] * 2
+    assert not stream.ended
+
+
+# -- EB-7 through the route: replay ------------------------------------------------------
+
+
+async def test_cursor_replays_exactly_the_missed_events_then_goes_live(make_session, stream_of):
+    # EB-7
+    sid = await make_session()
+    await publish_many(sid, 5)
+    stream = await stream_of(sid, headers={"last-event-id": "2"})
+    complete = await stream.read_until_type("replay_complete")
+    assert complete["data"] == {"replayedCount": 3, "lastReplayedEventId": 5}
+    await publish(sid, {"type": "live"})
+    await stream.read_until_type("live")
+    assert stream.types == ["step"] * 3 + ["replay_complete", "live"]
+    assert _ids(stream.frames) == [3, 4, 5, 6]
+
+
+async def test_cursor_zero_replays_the_whole_ring(make_session, stream_of):
+    # EB-7
+    sid = await make_session()
+    await publish_many(sid, 3)
+    stream = await stream_of(sid, headers={"last-event-id": "0"})
+    complete = await stream.read_until_type("replay_complete")
+    assert _ids(stream.frames) == [1, 2, 3]
+    assert "state_resync_required" not in stream.types
+    assert complete["data"] == {"replayedCount": 3, "lastReplayedEventId": 3}
+
+
+async def test_cursor_zero_on_empty_session_sends_replay_complete_with_zero(
+    make_session, stream_of
+):
+    # EB-7, section 7 decision 2
+    sid = await make_session()
+    stream = await stream_of(sid, headers={"last-event-id": "0"})
+    complete = await stream.read_until_type("replay_complete")
+    assert stream.types == ["replay_complete"]
+    assert complete["data"] == {"replayedCount": 0}
+
+
+async def test_cursor_at_last_event_replays_nothing(make_session, stream_of):
+    # EB-7
+    sid = await make_session()
+    await publish_many(sid, 3)
+    stream = await stream_of(sid, headers={"last-event-id": "3"})
+    complete = await stream.read_until_type("replay_complete")
+    assert stream.types == ["replay_complete"]
+    assert complete["data"] == {"replayedCount": 0}
+
+
+async def test_cursor_behind_the_ring_gives_ring_evicted_then_the_survivors(
+    make_session, stream_of
+):
+    # EB-7
+    sid = await make_session(ring_size=3)
+    await publish_many(sid, 6)
+    stream = await stream_of(sid, headers={"last-event-id": "1"})
+    await stream.read_until_type("replay_complete")
+    assert stream.frames[0] == {
+        "v": 1,
+        "type": "state_resync_required",
+        "data": {"reason": "ring_evicted", "lastDeliveredId": 1, "earliestAvailableId": 4},
+        "_meta": stream.frames[0]["_meta"],
+    }
+    assert _ids(stream.frames) == [4, 5, 6]
+    assert stream.types[-1] == "replay_complete"
+
+
+async def test_cursor_just_before_the_ring_is_not_a_gap(make_session, stream_of):
+    # EB-7: N == ring[0].id - 1
+    sid = await make_session(ring_size=3)
+    await publish_many(sid, 6)
+    stream = await stream_of(sid, headers={"last-event-id": "3"})
+    await stream.read_until_type("replay_complete")
+    assert "state_resync_required" not in stream.types
+    assert _ids(stream.frames) == [4, 5, 6]
+
+
+async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_session, stream_of):
+    # EB-7
+    sid = await make_session()
+    await publish_many(sid, 2)
+    stream = await stream_of(sid, headers={"last-event-id": "3"})
+    await stream.read_until_type("replay_complete")
+    assert stream.frames[0]["data"] == {
+        "reason": "epoch_reset",
+        "lastDeliveredId": 3,
+        "earliestAvailableId": 1,
+    }
+    assert _ids(stream.frames) == [1, 2]
+
+
+# -- section 5: a restarted server --------------------------------------------------------
+
+
+async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbers(
+    make_session, stream_of
+):
+    # section 5, EB-1 start_id, EB-7
+    sid = await make_session()
+    await publish_many(sid, 3)
+    runtime.registry.clear()  # a new process: the bus is rebuilt from the row
+    stream = await stream_of(sid, headers={"last-event-id": "3"})
+    await stream.read_until_type("replay_complete")
+    resync = stream.frames[0]
+    assert resync["type"] == "state_resync_required"
+    assert resync["data"]["reason"] in {"ring_evicted", "epoch_reset"}
+    assert _ids(stream.frames) == []
+
+
+async def test_ids_after_restart_continue_above_every_old_id(make_session, stream_of):
+    # section 5, EB-1 start_id
+    sid = await make_session()
+    old_ids = await publish_many(sid, 3)
+    runtime.registry.clear()
+    stream = await stream_of(sid, headers={"last-event-id": str(old_ids[-1])})
+    new_ids = await publish_many(sid, 2)
+    await stream.read_until(lambda s: len(_ids(s.frames)) == 2)
+    assert new_ids[0] > old_ids[-1]
+    assert new_ids[1] == new_ids[0] + 1
+    assert _ids(stream.frames) == new_ids
+    assert stream.types[0] == "state_resync_required"
+
+
+async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
+    make_session, stream_of
+):
+    # section 5, EB-7: the new bus's events are replayed, never the old numbers
+    sid = await make_session()
+    await publish_many(sid, 3)
+    runtime.registry.clear()
+    new_ids = await publish_many(sid, 3)
+    stream = await stream_of(sid, headers={"last-event-id": "3"})
+    await stream.read_until_type("replay_complete")
+    assert stream.frames[0]["data"]["reason"] in {"ring_evicted", "epoch_reset"}
+    assert _ids(stream.frames) == new_ids
+    assert min(new_ids) > 3
+
+
+async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream_of):
+    # section 7 decision 5, EB-7
+    sid = await make_session()
+    await publish_many(sid, 3)
+    old_epoch = (await load(sid)).json()["epoch"]
+    runtime.registry.clear()
+    await publish_many(sid, 5)
+    stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": old_epoch})
+    await stream.read_until_type("replay_complete")
+    assert stream.frames[0]["data"]["detail"] == "epoch_mismatch"
+
+
+async def test_ids_continue_above_the_renewed_reservation_after_restart(
+    make_session, qwenweb_settings
+):
+    # section 5: ids are reserved in blocks and renewed ahead of use
+    qwenweb_settings(ID_RESERVATION_BLOCK=4)
+    sid = await make_session()
+    old_ids = await publish_many(sid, 10)
+    await runtime.flush_all()  # what a graceful shutdown does
+    runtime.registry.clear()
+    (new_id,) = await publish_many(sid, 1)
+    assert new_id > old_ids[-1]
+
+
+# -- EB-19: the pump fails ----------------------------------------------------------------
+
+
+@pytest.fixture
+def encode_fails_on_explode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the route's frame encoder raise for frames of type ``explode`` (EB-19)."""
+    encode = sessions.stream._encode
+
+    def failing_encode(frame):
+        if frame.type == "explode":
+            raise RuntimeError("cannot encode this frame")
+        return encode(frame)
+
+    monkeypatch.setattr(sessions.stream, "_encode", failing_encode)
+
+
+@pytest.mark.usefixtures("encode_fails_on_explode")
+async def test_pump_failure_writes_one_stream_error_and_ends_the_body(
+    make_session, stream_of, logs
+):
+    # EB-19
+    sid = await make_session()
+    stream = await stream_of(sid)
+    await publish(sid, {"type": "explode"})
+    await stream.read_to_end()
+    assert stream.types == ["stream_error"]
+    assert list(stream.frames[0]["data"]) == ["error"]
+    assert isinstance(stream.frames[0]["data"]["error"], str)
+    assert len(records(logs, "stream_error")) == 1
+    assert live_bus(sid).subscriber_count == 0
+
+
+# -- EB-20: client disconnect --------------------------------------------------------------
+
+
+async def test_disconnect_removes_the_subscriber_within_one_second(make_session, stream_of, logs):
+    # EB-20
+    sid = await make_session()
+    stream = await stream_of(sid)
+    assert (await load(sid)).json()["subscriberCount"] == 1
+    async with asyncio.timeout(1):
+        await stream.disconnect()  # returns once the application has returned
+    assert stream.done
+    assert live_bus(sid).subscriber_count == 0
+    assert (await load(sid)).json()["subscriberCount"] == 0
+    assert [r for r in logs.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+async def test_disconnect_while_frames_are_queued_removes_the_subscriber(make_session, stream_of):
+    # EB-20, EB-8
+    sid = await make_session()
+    stream = await stream_of(sid)
+    burst(sid, 50)
+    async with asyncio.timeout(1):
+        await stream.disconnect()
+    assert live_bus(sid).subscriber_count == 0
+
+
+# -- session close while streaming ---------------------------------------------------------
+
+
+async def test_closing_the_session_sends_session_closed_then_ends_the_body(make_session, stream_of):
+    # section 5 close, EB-9
+    sid = await make_session()
+    stream = await stream_of(sid)
+    assert (await close(sid)).status == 200
+    closed = await stream.read_until_type("session_closed")
+    await stream.read_to_end()
+    assert closed["id"] == 1
+    assert stream.types == ["session_closed"]
+    assert stream.ended
+    async with asyncio.timeout(1):
+        await stream.communicator.wait(1)
+
+
+async def test_stream_after_close_is_204(make_session, stream_of):
+    # EB-15
+    sid = await make_session()
+    await close(sid)
+    stream = await (await stream_of(sid)).read_to_end()
+    assert stream.status == 204
+    assert stream.body == b""
