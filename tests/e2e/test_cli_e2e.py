@@ -1,0 +1,121 @@
+"""The terminal tools and `runserver` against real server processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import (
+    REPO,
+    RemoteSession,
+    ServerProcess,
+    event_ids,
+    free_port,
+    open_stream,
+    request_json,
+    runserver_argv,
+    server_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def manage(database: Path, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO,
+        env=server_env(database),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def test_tail_session_resumes_after_cursor(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    # SC-9 / EB-7: `--last-event-id 3` prints exactly 4 ... 10, then replay_complete.
+    session = RemoteSession.create(daphne_server.base_url)
+    for n in range(10):
+        session.publish("note", {"n": n})
+    result = manage(
+        e2e_database, "tail_session", session.id, "--url", daphne_server.base_url,
+        "--token", session.read_token, "--last-event-id", "3", "--max-events", "8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines[:7]] == list(range(4, 11))
+    assert lines[7].split()[:2] == ["-", "replay_complete"]
+
+
+def test_tail_session_reconnects_and_stops_on_204(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    # EB-15 / SC-10: the stream ends when the session closes; the reconnect gets 204.
+    session = RemoteSession.create(daphne_server.base_url)
+    for n in range(3):
+        session.publish("note", {"n": n})
+    tail = subprocess.Popen(
+        [sys.executable, "manage.py", "tail_session", session.id, "--url", daphne_server.base_url,
+         "--token", session.read_token, "--last-event-id", "0"],
+        cwd=REPO, env=server_env(e2e_database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert tail.stdout is not None
+    assert "replay_complete" in "".join(tail.stdout.readline() for _ in range(4))
+    status, _ = request_json(
+        "POST", f"{daphne_server.base_url}/session/{session.id}/close", token=session.publish_token
+    )
+    assert status == 200
+    out, err = tail.communicate(timeout=30)
+    assert tail.returncode == 0
+    assert "session_closed" in out
+    assert "session ended (204)" in err
+
+
+def test_demo_agent_streams_acp_shaped_updates(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    session = RemoteSession.create(daphne_server.base_url)
+    result = manage(
+        e2e_database, "demo_agent", session.id, "--url", daphne_server.base_url,
+        "--token", session.publish_token, "--tokens-per-s", "100000", timeout_s=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    events = session.load()["events"]
+    updates = [e["data"]["sessionUpdate"] for e in events if e["type"] == "session_update"]
+    assert {"user_message_chunk", "tool_call", "tool_call_update", "agent_message_chunk"} <= set(
+        updates
+    )
+    chunk = next(e for e in events if e["data"].get("sessionUpdate") == "agent_message_chunk")
+    assert chunk["data"]["content"]["type"] == "text"
+    assert [e["type"] for e in events].count("turn_complete") == 2
+
+
+@pytest.mark.asyncio
+async def test_runserver_serves_the_stream_with_event_ring_size(
+    e2e_database: Path, tmp_path: Path
+) -> None:
+    # Section 6: `runserver --event-ring-size 5`; EB-7: a cursor behind the ring resyncs.
+    port = free_port()
+    argv = runserver_argv(port, "--event-ring-size", "5")
+    server = ServerProcess(argv, port, server_env(e2e_database), tmp_path / "rs.log").start()
+    try:
+        session = RemoteSession.create(server.base_url)
+        for n in range(10):
+            session.publish("note", {"n": n})
+        client = await open_stream(
+            port, session.events_path, session.read_token, [("Last-Event-ID", "2")]
+        )
+        events = await client.read_until(lambda evs: any(e.type == "replay_complete" for e in evs))
+        resync = json.loads(events[0].data)["data"]
+        assert resync == {"reason": "ring_evicted", "lastDeliveredId": 2, "earliestAvailableId": 6}
+        assert event_ids(events) == [6, 7, 8, 9, 10]
+        client.close()
+    finally:
+        server.stop()

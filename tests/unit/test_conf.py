@@ -1,0 +1,52 @@
+"""Configuration: one settings dict, environment overrides, clear errors (spec section 6)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import CommandError, SystemCheckError
+
+from sessions.conf import config_errors, get_config
+
+
+def test_defaults_match_the_contract() -> None:
+    config = get_config()
+    assert (config.ring_size, config.max_subscribers, config.heartbeat_interval_s) == (
+        8000,
+        64,
+        15.0,
+    )
+    assert config.max_queued_bytes == 2 * 1024 * 1024
+
+
+def test_environment_overrides_the_settings_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_RING_SIZE", "123")
+    get_config.cache_clear()
+    assert get_config().ring_size == 123
+    get_config.cache_clear()
+
+
+@pytest.mark.parametrize("raw", ["0", "1000001", "ten", "1.5", ""])
+def test_bad_ring_size_is_refused_naming_the_range(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    # Section 1: ring sizes outside [1, 1_000_000] are refused at start-up.
+    monkeypatch.setenv("QWENWEB_RING_SIZE", raw)
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match="RING_SIZE"):
+        get_config()
+    assert any("QWENWEB_RING_SIZE" in error for error in config_errors())
+    get_config.cache_clear()
+
+
+def test_system_check_reports_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_HEARTBEAT_INTERVAL_S", "-1")
+    with pytest.raises(SystemCheckError, match="qwenweb.E001"):
+        call_command("check")
+
+
+def test_runserver_refuses_out_of_range_event_ring_size() -> None:
+    # Section 6: `runserver --event-ring-size N` out of range stops with a clear message.
+    with pytest.raises(CommandError, match=r"--event-ring-size must be in \[1, 1_000_000\]"):
+        call_command("runserver", "--event-ring-size", "0", "--noreload")
