@@ -42,7 +42,7 @@ def test_bad_ring_size_is_refused_naming_the_range(
 
 def test_system_check_reports_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QWENWEB_HEARTBEAT_INTERVAL_S", "-1")
-    with pytest.raises(SystemCheckError, match="qwenweb.E001"):
+    with pytest.raises(SystemCheckError, match=r"qwenweb\.E001"):
         call_command("check")
 
 
