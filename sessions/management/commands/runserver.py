@@ -9,13 +9,16 @@ from daphne.management.commands.runserver import Command as DaphneRunserverComma
 from django.core.management import CommandError
 from django.core.management.base import CommandParser
 
+from qwenweb.flow_control import FlowControlServer
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import ENV_OVERRIDES, get_config
 
 
 class Command(DaphneRunserverCommand):  # type: ignore[misc]  # daphne ships no types
+    # Daphne with flow control, so a client that stops reading is warned and evicted (EB-21).
+    server_cls = FlowControlServer
     help = (
-        "Start the development server (daphne, ASGI). "
+        "Start the development server (daphne with flow control, ASGI). "
         "--event-ring-size N sets the events kept per session for replay."
     )
 
