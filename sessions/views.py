@@ -12,13 +12,17 @@ front of Django by ``qwenweb.asgi``.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import orjson
 from channels.db import database_sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
@@ -40,6 +44,21 @@ MAX_DATA_DEPTH: Final = 64
 MAX_TYPE_LENGTH: Final = 200
 MAX_TITLE_LENGTH: Final = 200
 _PUBLISH_FIELDS: Final = frozenset({"type", "data", "_meta", "originatorClientId"})
+#: Types the bus and the route make up (synthetic frames) or the server publishes itself:
+#: a publisher may not forge them, since clients act on them (SC-12).
+RESERVED_TYPES: Final = frozenset(
+    {
+        "slow_client_warning",
+        "client_evicted",
+        "state_resync_required",
+        "replay_complete",
+        "stream_error",
+        "history_truncated",
+        "session_closed",
+    }
+)
+# A run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
 
 CAPABILITIES: Final = {
     "v": 1,
@@ -78,7 +97,7 @@ def _fail(request: HttpRequest, exc: ApiError) -> JsonResponse:
         sanitize_for_log(request.path, 120),
         exc.status,
         exc.code,
-        exc.message,
+        sanitize_for_log(exc.message, 200),
     )
     response = error_response(exc.status, exc.code, exc.message, **exc.extra)
     if exc.status == 401:
@@ -141,24 +160,41 @@ def _session_id_or_404(raw: str) -> str:
 
 
 def _parse_json_body(request: HttpRequest, *, required: bool) -> Any:
+    """Return the request's JSON body; ``{}`` when empty and not ``required``.
+
+    Raises ``ApiError``: 413 above ``PUBLISH_MAX_BODY_BYTES`` (declared or chunked), 400
+    when it is not JSON (NaN and Infinity are not JSON). Integers beyond 64 bits keep
+    their exact value (orjson would read them as floats).
+    """
     limit = get_config().publish_max_body_bytes
+    too_large = ApiError(413, "body_too_large", f"body exceeds {limit} bytes", limit=limit)
     try:
         declared = int(request.headers.get("Content-Length") or 0)
     except ValueError:
         raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
     if declared > limit:
-        raise ApiError(413, "body_too_large", f"body exceeds {limit} bytes", limit=limit)
-    body = request.body
+        raise too_large
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
     if len(body) > limit:
-        raise ApiError(413, "body_too_large", f"body exceeds {limit} bytes", limit=limit)
+        raise too_large
     if not body.strip():
         if required:
             raise ApiError(400, "invalid_json", "a JSON object body is required", field="")
         return {}
     try:
-        return orjson.loads(body)
+        parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}", field="") from None
+    if _LONG_DIGITS.search(body):
+        parsed = json.loads(body, parse_constant=_reject_constant)  # orjson validated it
+    return parsed
+
+
+def _reject_constant(name: str) -> Any:
+    raise ApiError(400, "invalid_json", f"body is not valid JSON: {name} is not allowed", field="")
 
 
 def _json_depth_exceeds(value: Any, limit: int) -> bool:
@@ -186,10 +222,10 @@ def validate_publish_body(body: Any) -> dict[str, Any]:
     """
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_event", "body must be a JSON object", field="")
-    unknown = sorted(set(body) - _PUBLISH_FIELDS)
+    unknown = sorted(sanitize_for_log(key, 40) for key in set(body) - _PUBLISH_FIELDS)
     if unknown:
         raise ApiError(
-            400, "invalid_event", f"unknown field(s): {', '.join(unknown)}", field=unknown[0]
+            400, "invalid_event", f"unknown field(s): {', '.join(unknown[:5])}", field=unknown[0]
         )
     event_type = body.get("type")
     if not isinstance(event_type, str) or not event_type:
@@ -199,6 +235,13 @@ def validate_publish_body(body: Any) -> dict[str, Any]:
             400,
             "invalid_event",
             f"type must be at most {MAX_TYPE_LENGTH} characters without CR, LF or NUL",
+            field="type",
+        )
+    if event_type in RESERVED_TYPES:
+        raise ApiError(
+            400,
+            "invalid_event",
+            f"type {event_type!r} is reserved for frames the server makes",
             field="type",
         )
     if "_meta" in body and not isinstance(body["_meta"], dict):
@@ -233,13 +276,20 @@ def session_urls(request: HttpRequest, session_id: str) -> dict[str, str]:
     }
 
 
-_View = TypeVar("_View", bound=Callable[..., Awaitable[HttpResponse]])
+_View = Callable[..., Awaitable[HttpResponse]]
 
 
-def allow_methods(*methods: str) -> Callable[[_View], _View]:
-    """Answer other methods with a JSON 405 and an ``Allow`` header (Django's is HTML)."""
+def api_view(*methods: str) -> Callable[[_View], _View]:
+    """Make an async view a JSON API endpoint accepting ``methods``.
+
+    Other methods get a JSON 405 with ``Allow``; an ``ApiError`` raised inside becomes its
+    JSON error and one log line; a database failure becomes a JSON 503 (never a 500 page).
+    CSRF is checked by ``_authenticate`` for login-session callers only (bearer tokens are
+    not ambient credentials), so Django's middleware is told to skip these views.
+    """
 
     def decorate(view: _View) -> _View:
+        @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
@@ -248,9 +298,20 @@ def allow_methods(*methods: str) -> Callable[[_View], _View]:
                 )
                 response["Allow"] = ", ".join(methods)
                 return response
-            return await view(request, *args, **kwargs)
+            try:
+                return await view(request, *args, **kwargs)
+            except ApiError as exc:
+                return _fail(request, exc)
+            except DatabaseError as exc:
+                logger.error(
+                    "database_unavailable method=%s path=%s error=%s",
+                    request.method,
+                    sanitize_for_log(request.path, 120),
+                    sanitize_for_log(str(exc), 200),
+                )
+                return error_response(503, "unavailable", "the database is busy; try again")
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 
@@ -258,52 +319,47 @@ def allow_methods(*methods: str) -> Callable[[_View], _View]:
 # -- views ------------------------------------------------------------------------------
 
 
-@csrf_exempt  # read-only: other methods get the JSON 405, not the CSRF page
-@allow_methods("GET", "HEAD")
-async def capabilities(request: HttpRequest) -> JsonResponse:
+@api_view("GET", "HEAD")
+async def capabilities(request: HttpRequest) -> HttpResponse:
     """``GET /capabilities``: what this server supports (section 5)."""
     return JsonResponse(CAPABILITIES)
 
 
-@csrf_exempt
-@allow_methods("POST")
-async def create_session(request: HttpRequest) -> JsonResponse:
+@api_view("POST")
+async def create_session(request: HttpRequest) -> HttpResponse:
     """``POST /session``: create a session; 201 with its id, URLs and read/publish tokens.
 
     Body (optional JSON object): ``title`` (str, <= 200 chars), ``ringSize`` (int in
     ``[1, 1_000_000]``). Auth: a logged-in user (CSRF-checked) or a ``create`` token.
     """
-    try:
-        principal = await _authenticate(request)
-        if principal.claims is not None and "create" not in principal.claims.scopes:
-            raise ApiError(403, "forbidden", "this token does not grant create access")
-        body = _parse_json_body(request, required=False)
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
-        title = body.get("title", "")
-        if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
-            raise ApiError(
-                400,
-                "invalid_request",
-                "title must be a string of at most 200 characters",
-                field="title",
-            )
-        ring_size = body.get("ringSize")
-        if ring_size is not None and (
-            not isinstance(ring_size, int)
-            or isinstance(ring_size, bool)
-            or not 1 <= ring_size <= MAX_EVENT_RING_SIZE
-        ):
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"ringSize must be an integer in [1, {MAX_EVENT_RING_SIZE}]",
-                field="ringSize",
-            )
-    except ApiError as exc:
-        return _fail(request, exc)
+    principal = await _authenticate(request)
+    if principal.claims is not None and "create" not in principal.claims.scopes:
+        raise ApiError(403, "forbidden", "this token does not grant create access")
+    body = _parse_json_body(request, required=False)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
+    title = body.get("title", "")
+    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
+        raise ApiError(
+            400,
+            "invalid_request",
+            "title must be a string of at most 200 characters",
+            field="title",
+        )
+    ring_size = body.get("ringSize")
+    if ring_size is not None and (
+        not isinstance(ring_size, int)
+        or isinstance(ring_size, bool)
+        or not 1 <= ring_size <= MAX_EVENT_RING_SIZE
+    ):
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"ringSize must be an integer in [1, {MAX_EVENT_RING_SIZE}]",
+            field="ringSize",
+        )
     row = await _create_row(title, ring_size, principal)
-    logger.info("session_created session=%s by=%s", row.id, principal.name or "-")
+    logger.info("session_created session=%s by=%s", row.id, sanitize_for_log(principal.name))
     return JsonResponse(
         {
             "id": row.id,
@@ -338,44 +394,58 @@ def _create_row_sync(title: str, ring_size: int | None, principal: Principal) ->
     return AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
 
 
-@csrf_exempt  # read-only: other methods get the JSON 405, not the CSRF page
-@allow_methods("GET", "HEAD")
+async def _open_session(principal: Principal, session_id: str, scope: str) -> runtime.LiveSession:
+    """Check access and return the loaded session.
+
+    A token is checked before anything is loaded, so it learns nothing about sessions it
+    has no access to (always 403). Raises ``ApiError`` 403/404, or
+    ``runtime.SessionClosedError`` after the access check.
+    """
+    if principal.claims is not None:
+        _check_access(principal, session_id, None, scope)
+    try:
+        live = await runtime.get_live_session(session_id)
+    except runtime.SessionNotFoundError:
+        raise ApiError(404, "not_found", "unknown session") from None
+    except runtime.SessionClosedError as closed:
+        _check_access(principal, session_id, closed.owner_id, scope)
+        raise
+    _check_access(principal, session_id, live.owner_id, scope)
+    return live
+
+
+@api_view("GET", "HEAD")
 async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET /session/<id>``: the snapshot a client rebuilds from after a resync (section 5).
 
-    Needs ``read`` access. 404 unknown; a closed session answers its metadata with
-    ``"status": "closed"`` and no events.
+    Needs ``read`` access. 404 unknown; a closed session answers the same shape with
+    ``"status": "closed"``, no epoch and no events.
     """
+    session_id = _session_id_or_404(session_id)
+    principal = await _authenticate(request)
     try:
-        session_id = _session_id_or_404(session_id)
-        principal = await _authenticate(request)
-        try:
-            live = await runtime.get_live_session(session_id)
-        except runtime.SessionClosedError:
-            row = await AgentSession.objects.aget(pk=session_id)
-            _check_access(principal, session_id, row.owner_id, "read")
-            return JsonResponse(
-                {
-                    "id": row.id,
-                    "title": row.title,
-                    "status": row.status,
-                    "createdAt": row.created_at.isoformat(),
-                    "closedAt": row.closed_at.isoformat() if row.closed_at else None,
-                    "lastEventId": row.last_event_id,
-                    "epoch": None,
-                    "subscriberCount": 0,
-                    "events": [],
-                }
-            )
-        except runtime.SessionNotFoundError:
-            raise ApiError(404, "not_found", "unknown session") from None
-        _check_access(principal, session_id, live.owner_id, "read")
-    except ApiError as exc:
-        return _fail(request, exc)
+        live = await _open_session(principal, session_id, "read")
+    except runtime.SessionClosedError:
+        row = await AgentSession.objects.aget(pk=session_id)
+        return JsonResponse(
+            {
+                "id": row.id,
+                "title": row.title,
+                "status": row.status,
+                "createdAt": row.created_at.isoformat(),
+                "closedAt": row.closed_at.isoformat() if row.closed_at else None,
+                "lastEventId": row.last_event_id,
+                "epoch": None,
+                "subscriberCount": 0,
+                "ringSize": row.ring_size or get_config().ring_size,
+                "earliestAvailableId": None,
+                "events": [],
+            }
+        )
     return HttpResponse(runtime.snapshot_json(live), content_type="application/json")
 
 
-@csrf_exempt
+@api_view("POST")
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
@@ -383,98 +453,75 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``. (``GET`` is the stream, served
     by ``sessions.stream`` in front of Django.)
     """
-    if request.method != "POST":
-        response = error_response(
-            405, "method_not_allowed", "POST publishes; GET streams (served by the ASGI router)"
-        )
-        response["Allow"] = "GET, POST"
-        return response
+    session_id = _session_id_or_404(session_id)
+    principal = await _authenticate(request)
+    if principal.claims is not None:  # a token without publish access learns nothing more
+        _check_access(principal, session_id, None, "publish")
+    event = validate_publish_body(_parse_json_body(request, required=True))
     try:
-        session_id = _session_id_or_404(session_id)
-        principal = await _authenticate(request)
-        event = validate_publish_body(_parse_json_body(request, required=True))
-        try:
-            live = await runtime.get_live_session(session_id)
-        except runtime.SessionNotFoundError:
-            raise ApiError(404, "not_found", "unknown session") from None
-        except runtime.SessionClosedError:
-            if principal.claims is not None:
-                _check_access(principal, session_id, None, "publish")
-            raise ApiError(409, "session_closed", "the session is closed") from None
-        _check_access(principal, session_id, live.owner_id, "publish")
-        frame = runtime.publish(live, event)
-        if frame is None:
-            raise ApiError(409, "session_closed", "the session is closed")
-    except ApiError as exc:
-        return _fail(request, exc)
+        live = await _open_session(principal, session_id, "publish")
+    except runtime.SessionClosedError:
+        raise ApiError(409, "session_closed", "the session is closed") from None
+    frame = runtime.publish(live, event)
+    if frame is None:
+        raise ApiError(409, "session_closed", "the session is closed")
     return JsonResponse({"id": frame.id, "epoch": live.bus.epoch})
 
 
-@csrf_exempt
-@allow_methods("POST")
-async def close_session(request: HttpRequest, session_id: str) -> JsonResponse:
+@api_view("POST")
+async def close_session(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/close``: publish ``session_closed``, close the bus (section 5).
 
     Needs ``publish`` access. Idempotent: closing a closed session answers 200 with
     ``"alreadyClosed": true``.
     """
+    session_id = _session_id_or_404(session_id)
+    principal = await _authenticate(request)
     try:
-        session_id = _session_id_or_404(session_id)
-        principal = await _authenticate(request)
-        try:
-            live = await runtime.get_live_session(session_id)
-        except runtime.SessionNotFoundError:
-            raise ApiError(404, "not_found", "unknown session") from None
-        except runtime.SessionClosedError:
-            row = await AgentSession.objects.aget(pk=session_id)
-            _check_access(principal, session_id, row.owner_id, "publish")
-            return JsonResponse(
-                {
-                    "id": session_id,
-                    "status": "closed",
-                    "lastEventId": row.last_event_id,
-                    "alreadyClosed": True,
-                }
-            )
-        _check_access(principal, session_id, live.owner_id, "publish")
+        await _open_session(principal, session_id, "publish")
         last_id = await runtime.close_session(session_id, reason="closed", closed_by=principal.name)
-    except ApiError as exc:
-        return _fail(request, exc)
+    except runtime.SessionClosedError:
+        row = await AgentSession.objects.aget(pk=session_id)
+        return JsonResponse(
+            {
+                "id": session_id,
+                "status": "closed",
+                "lastEventId": row.last_event_id,
+                "alreadyClosed": True,
+            }
+        )
     return JsonResponse(
         {"id": session_id, "status": "closed", "lastEventId": last_id, "alreadyClosed": False}
     )
 
 
-@csrf_exempt  # checked below, after the login check, so failures are JSON
-@allow_methods("POST")
-async def session_token(request: HttpRequest, session_id: str) -> JsonResponse:
+_FORM_TYPES: Final = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+@api_view("POST")
+async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/token``: a short-lived token for the logged-in owner or staff.
 
-    CSRF-protected (Django's middleware). Body (optional, JSON or form): ``scope`` =
-    ``read`` (default) or ``publish``. Returns ``{"token", "scope", "sessionId",
-    "expiresInS"}``.
+    CSRF-checked. Body (optional, JSON or form): ``scope`` = ``read`` (default) or
+    ``publish``. Returns ``{"token", "scope", "sessionId", "expiresInS"}``.
     """
-    try:
-        session_id = _session_id_or_404(session_id)
-        user = await request.auser()
-        if not user.is_authenticated:
-            raise ApiError(401, "unauthorized", "log in to obtain a token")
-        _enforce_csrf(request)
-        scope = request.POST.get("scope") if request.POST else None
-        if scope is None:
-            body = _parse_json_body(request, required=False)
-            scope = body.get("scope", "read") if isinstance(body, dict) else None
-        if scope not in ("read", "publish"):
-            raise ApiError(
-                400, "invalid_request", "scope must be 'read' or 'publish'", field="scope"
-            )
-        row = await AgentSession.objects.filter(pk=session_id).afirst()
-        if row is None:
-            raise ApiError(404, "not_found", "unknown session")
-        principal = Principal(None, user.pk, user.is_staff, user.get_username())
-        _check_access(principal, session_id, row.owner_id, scope)
-    except ApiError as exc:
-        return _fail(request, exc)
+    session_id = _session_id_or_404(session_id)
+    user = await request.auser()
+    if not user.is_authenticated:
+        raise ApiError(401, "unauthorized", "log in to obtain a token")
+    _enforce_csrf(request)
+    if request.content_type in _FORM_TYPES:
+        scope: Any = request.POST.get("scope", "read")
+    else:
+        body = _parse_json_body(request, required=False)
+        scope = body.get("scope", "read") if isinstance(body, dict) else None
+    if scope not in ("read", "publish"):
+        raise ApiError(400, "invalid_request", "scope must be 'read' or 'publish'", field="scope")
+    row = await AgentSession.objects.filter(pk=session_id).afirst()
+    if row is None:
+        raise ApiError(404, "not_found", "unknown session")
+    principal = Principal(None, user.pk, user.is_staff, user.get_username())
+    _check_access(principal, session_id, row.owner_id, scope)
     return JsonResponse(
         {
             "token": issue_token(session_id, [scope], principal.name),

@@ -1,0 +1,113 @@
+"""Bad input to the JSON API gets a clear 4xx and loses nothing (regressions found by review)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions.auth import issue_token
+from tests.integration.conftest import (
+    assert_error,
+    bearer,
+    call,
+    close,
+    csrf_headers,
+    load,
+    login_cookie,
+    publish,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+async def test_integers_beyond_64_bits_keep_their_exact_value(make_session):
+    # Section 2: data is any JSON value; orjson would read 2**70 as a float.
+    session_id = await make_session()
+    response = await call(
+        "POST", f"/session/{session_id}/events",
+        headers=bearer(issue_token(session_id, ["publish"])),
+        body=b'{"type":"t","data":{"big":1180591620717411303424,"neg":-18446744073709551617}}',
+    )  # fmt: skip
+    assert response.status == 200
+    event = (await load(session_id)).json()["events"][-1]
+    assert event["data"] == {"big": 2**70, "neg": -(2**64) - 1}
+
+
+@pytest.mark.parametrize(
+    "event_type",
+    ["client_evicted", "stream_error", "state_resync_required", "replay_complete",
+     "slow_client_warning", "session_closed", "history_truncated"],
+)  # fmt: skip
+async def test_publish_refuses_reserved_control_types(make_session, event_type):
+    # SC-12: clients act on these frames, so a publisher may not forge them.
+    session_id = await make_session()
+    response = await publish(session_id, {"type": event_type, "data": {}})
+    assert assert_error(response, 400, "invalid_event")["field"] == "type"
+
+
+async def test_unknown_field_names_are_sanitized_in_answer_and_log(make_session, logs):
+    session_id = await make_session()
+    forged = "evil\r\n2026-01-01 00:00:00 CRITICAL qwenweb.fake forged line"
+    response = await publish(session_id, {"type": "t", "data": 1, forged: 1})
+    body = assert_error(response, 400, "invalid_event")
+    assert "\n" not in body["error"]
+    assert "\r" not in body["error"]
+    lines = [r.getMessage() for r in logs.records if r.name == "qwenweb.api"]
+    assert lines
+    assert all("\n" not in line and "\r" not in line for line in lines)
+
+
+async def test_chunked_body_beyond_django_limit_is_413_json(make_session, settings):
+    # A body with no Content-Length that exceeds DATA_UPLOAD_MAX_MEMORY_SIZE.
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    session_id = await make_session()
+    token = issue_token(session_id, ["publish"])
+    response = await call(
+        "POST", f"/session/{session_id}/events", headers=bearer(token), body=b" " * 5000
+    )
+    assert_error(response, 413, "body_too_large")
+
+
+async def test_token_for_another_session_gets_403_whether_or_not_session_exists(make_session):
+    # EB-12: nothing about a session leaks to a token that has no access to it.
+    mine, other = await make_session(), await make_session()
+    unknown = "00000000-0000-4000-8000-000000000000"
+    read, pub = issue_token(mine, ["read"]), issue_token(mine, ["publish"])
+    for target in (other, unknown):
+        assert_error(await load(target, read), 403, "forbidden")
+        assert_error(await publish(target, {"type": "t"}, pub), 403, "forbidden")
+
+
+async def test_token_endpoint_with_multipart_body_defaults_to_read(make_session, make_user):
+    user = await make_user("owner")
+    session_id = await make_session(owner=user)
+    cookie = await login_cookie(user)
+    boundary = "XXB"
+    part = 'Content-Disposition: form-data; name="foo"\r\n\r\nbar'
+    body = f"--{boundary}\r\n{part}\r\n--{boundary}--\r\n"
+    headers = {**csrf_headers(cookie), "content-type": f"multipart/form-data; boundary={boundary}"}
+    response = await call(
+        "POST", f"/session/{session_id}/token", headers=headers, body=body.encode()
+    )
+    assert response.status == 200, response.body
+    assert response.json()["scope"] == "read"
+
+
+async def test_closed_session_snapshot_has_the_open_shape(make_session):
+    session_id = await make_session()
+    assert (await close(session_id)).status == 200
+    snapshot = (await load(session_id)).json()
+    assert snapshot["status"] == "closed"
+    assert {"ringSize", "earliestAvailableId", "lastEventId", "epoch", "events"} <= set(snapshot)
+
+
+async def test_database_failure_is_503_json_not_500(make_session, monkeypatch):
+    from django.db import OperationalError
+
+    from sessions import runtime
+
+    async def locked(session_id: str) -> None:
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(runtime, "get_live_session", locked)
+    session_id = await make_session()
+    assert_error(await load(session_id), 503, "unavailable")
