@@ -115,7 +115,8 @@ class EventStreamClient:
 
     ``on_event`` gets each dispatched event; ``on_status`` gets human-readable status
     lines (connected, reconnecting in N ms, ended). :meth:`run` returns an exit status:
-    0 after a 204 (session ended) or ``max_events``, 1 on a 4xx other than 401, 2 on 401.
+    0 after a 204 (session ended), ``max_events``, or ``max_connections`` of which one
+    opened; 1 on a 4xx other than 401 or when no connection ever opened; 2 on 401.
     """
 
     url: str
@@ -131,6 +132,7 @@ class EventStreamClient:
         self.retry_ms = DEFAULT_RETRY_MS
         self.epoch: str | None = None
         self.connections = 0
+        self.opened = 0
         self.events_seen = 0
         self._failures = 0
 
@@ -145,6 +147,8 @@ class EventStreamClient:
                 except (OSError, http.client.HTTPException) as exc:
                     self._failures += 1
                     self.on_status(f"connection failed: {exc}")
+                if self.max_connections is not None and self.connections >= self.max_connections:
+                    break
                 delay_s = self._delay_s()
                 self.on_status(
                     f"reconnecting in {delay_s * 1000:.0f} ms (cursor {self.last_event_id or '-'})"
@@ -153,6 +157,9 @@ class EventStreamClient:
         except StreamEnd as end:
             self.on_status(str(end))
             return end.code
+        if not self.opened:
+            self.on_status(f"no connection opened in {self.connections} attempt(s)")
+            return 1
         return 0
 
     def _delay_s(self) -> float:
@@ -174,6 +181,7 @@ class EventStreamClient:
             conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             self._check_status(response)
+            self.opened += 1
             self.epoch = response.getheader("X-Event-Epoch") or self.epoch
             self.on_status(f"connected (cursor {self.last_event_id or '-'}, epoch {self.epoch})")
             parser = SSEParser(

@@ -10,9 +10,11 @@ like the Agent Client Protocol's ``session/update`` notifications:
 from __future__ import annotations
 
 import codecs
+import contextlib
+import importlib
 import importlib.metadata
+import io
 import re
-import this
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +23,8 @@ __all__ = ["agent_turns", "document_text", "split_tokens"]
 
 def document_text() -> list[tuple[str, str]]:
     """Return ``[(title, text), ...]``: the documents the demo agent streams."""
+    with contextlib.redirect_stdout(io.StringIO()):  # `import this` prints the Zen
+        this = importlib.import_module("this")
     zen = codecs.decode(this.s, "rot13")
     metadata: Any = importlib.metadata.metadata("Django")
     django_readme = metadata.get_payload() or ""  # the README is the metadata body
