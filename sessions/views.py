@@ -15,7 +15,7 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -276,7 +276,7 @@ def session_urls(request: HttpRequest, session_id: str) -> dict[str, str]:
     }
 
 
-_View = Callable[..., Awaitable[HttpResponse]]
+_View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
 def api_view(*methods: str) -> Callable[[_View], _View]:
