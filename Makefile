@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-python test-js lint check clean
+.PHONY: setup demo test test-python test-js test-browser screenshots lint check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	node --test tests/js/
 	$(PY) -m pytest
+
+# The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
+test-browser: $(STAMP)
+	$(PY) -m pytest -m browser tests/browser
+
+# Re-take docs/session-page-*.png from the browser tests that reach those states.
+screenshots: $(STAMP)
+	QWENWEB_SCREENSHOT_DIR=docs $(PY) -m pytest -q -m browser tests/browser \
+		-k "demo_agent or closed or uvicorn"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,938 @@
+/**
+ * session_page.js — the live session page (`/sessions/<id>/`, issue 3).
+ *
+ * One `SessionEventStream` (./sse.js, fetch + the hand-written parser) feeds three views:
+ * the transcript rebuilt from `session_update` events, a log of frames (id, type, time;
+ * synthetic frames marked) and a connection panel (state, cursor, reconnects, retry, the last
+ * `slow_client_warning` / `client_evicted` / `state_resync_required` / `stream_error`).
+ *
+ * Flow
+ *  1. A short-lived read token from `POST /session/<id>/token` (login session + CSRF
+ *     header); on a 401 the stream asks again with reason "unauthorized" (SC-10).
+ *  2. The snapshot `GET /session/<id>` is rendered, then the stream opens with the
+ *     snapshot's `lastEventId` and `epoch` as its cursor (SC-9, EB-13, EB-17), so events
+ *     published in between come as replay.
+ *  3. Each event id is applied at most once and in order: an id at or below the view's cursor
+ *     is a duplicate and skipped (replay after a drop, the snapshot/replay overlap).
+ *  4. `state_resync_required` (SC-12): frames are held, the snapshot is loaded again, the
+ *     transcript and the log are rebuilt from it (its `lastEventId` becomes the view's cursor)
+ *     and the held frames are applied on top: no row twice, none missing.
+ *  5. 204 → "session ended", and the client makes no more requests (SC-10, EB-15).
+ *
+ * Safety: text from events is only ever inserted with `textContent` / text nodes, never as
+ * HTML. One stream per page (SC-13): a new one (maxQueued change) closes the old first, and
+ * `pagehide` closes it so the server sees the disconnect (EB-20).
+ */
+import { SessionEventStream } from "./sse.js";
+
+const MAX_LOG_ROWS = 2000;
+const FOLLOW_SLACK_PX = 48;
+const SNAPSHOT_ATTEMPTS = 3;
+const ROLE_LABELS = { agent: "Agent", user: "User", thought: "Thinking" };
+const SIGNAL_CLASSES = {
+  slow_client_warning: "warning",
+  client_evicted: "evicted",
+  state_resync_required: "resync",
+  history_truncated: "resync",
+  stream_error: "error",
+  replay_complete: "replay",
+};
+const REASONS = {
+  start: "opening the stream",
+  reconnect: "reconnecting with the cursor",
+  token_refresh: "token rejected (401): one retry with a fresh token",
+  end_of_stream: "the server ended the stream",
+  network_error: "network error",
+  server_error: "server error",
+  bad_content_type: "not an event stream",
+  unexpected_status: "unexpected status",
+  client_evicted: "evicted: this reader fell behind",
+  stream_error: "the server reported a stream error",
+  dropped: "dropped from this page",
+  closed: "closed by this page",
+  session_ended: "the session is closed",
+  unauthorized: "not authorized (401 after a fresh token)",
+  forbidden: "forbidden (403)",
+  not_found: "unknown session (404)",
+  client_error: "request refused",
+  token_error: "could not obtain a token",
+  internal_error: "client error",
+};
+
+// ---- small helpers ---------------------------------------------------------------------
+
+/** Create an element; `text` is set with textContent (never parsed as HTML). */
+function h(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function setText(node, text) {
+  const value = String(text);
+  if (node.textContent !== value) node.textContent = value;
+}
+
+function pad(number, width = 2) {
+  return String(number).padStart(width, "0");
+}
+
+/** "HH:MM:SS.mmm" in local time for epoch milliseconds; "—" when not a number. */
+function formatTime(ms) {
+  if (typeof ms !== "number" || !Number.isFinite(ms)) return "—";
+  const d = new Date(ms);
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+
+function formatBytes(bytes) {
+  if (typeof bytes !== "number" || !Number.isFinite(bytes)) return "?";
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / (1024 * 1024)).toFixed(1)} MiB`;
+}
+
+function clip(text, length) {
+  return text.length > length ? `${text.slice(0, length - 1)}…` : text;
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function serverTime(envelope) {
+  return isObject(envelope) && isObject(envelope._meta) ? envelope._meta.serverTimestamp : undefined;
+}
+
+/** The CSRF token: the `{% csrf_token %}` input, else the `csrftoken` cookie. */
+function csrfToken() {
+  const input = document.querySelector("input[name=csrfmiddlewaretoken]");
+  if (input && input.value) return input.value;
+  const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+  return match ? decodeURIComponent(match[1]) : "";
+}
+
+class HttpError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function errorDetail(response) {
+  try {
+    const body = await response.json();
+    if (isObject(body)) return [body.code, body.error].filter((part) => typeof part === "string").join(": ");
+  } catch {
+    // not JSON: the status says enough
+  }
+  return "";
+}
+
+/** The text of an ACP content block (`{type: "text", text}`), or a placeholder. */
+function contentText(content) {
+  if (isObject(content) && content.type === "text" && typeof content.text === "string") return content.text;
+  if (isObject(content) && typeof content.type === "string") return `[${content.type}]`;
+  return "";
+}
+
+/** The text of an ACP tool call's `content` list (content blocks, diffs, terminals). */
+function toolContentText(items) {
+  if (!Array.isArray(items)) return "";
+  return items
+    .map((item) => {
+      if (!isObject(item)) return "";
+      if (item.type === "content") return contentText(item.content);
+      if (item.type === "diff") return `[diff ${typeof item.path === "string" ? item.path : ""}]`;
+      return `[${String(item.type)}]`;
+    })
+    .filter(Boolean)
+    .join("\n");
+}
+
+/** A one-line summary of an event for the frame log. */
+function describeEvent(envelope, rawLength) {
+  const data = envelope.data;
+  let note;
+  if (envelope.type === "session_update" && isObject(data)) {
+    const text = contentText(data.content);
+    note = String(data.sessionUpdate ?? "?");
+    if (text) note += ` “${clip(text.replace(/\s+/g, " "), 40)}”`;
+    else if (typeof data.status === "string") note += ` · ${data.status}`;
+  } else {
+    note = data === undefined ? "" : clip(JSON.stringify(data) ?? "", 60);
+  }
+  if (rawLength > 4096) note = `${formatBytes(rawLength)} · ${note}`;
+  return note;
+}
+
+/** Keeps a scroll container pinned to its bottom unless the user scrolled up. */
+class Follower {
+  constructor(element) {
+    this.element = element;
+    this.stick = true;
+    this.frame = 0;
+    element.addEventListener(
+      "scroll",
+      () => {
+        this.stick = element.scrollHeight - element.scrollTop - element.clientHeight < FOLLOW_SLACK_PX;
+      },
+      { passive: true },
+    );
+  }
+
+  /** Scroll to the bottom at the next frame if pinned (no layout read per append). */
+  kick() {
+    if (!this.stick || this.frame) return;
+    this.frame = requestAnimationFrame(() => {
+      this.frame = 0;
+      this.element.scrollTop = this.element.scrollHeight;
+    });
+  }
+}
+
+// ---- the transcript --------------------------------------------------------------------
+
+/**
+ * The agent's transcript from `session_update` events (ACP shapes): consecutive
+ * `agent_message_chunk` texts are joined into one message, `user_message_chunk` into the
+ * user's, and `tool_call` / `tool_call_update` are one card per `toolCallId` with its status.
+ */
+class Transcript {
+  constructor(root, countElement) {
+    this.root = root;
+    this.countElement = countElement;
+    this.placeholder = root.querySelector(".transcript-empty");
+    this.follower = new Follower(root);
+    this.clear();
+  }
+
+  clear() {
+    this.root.replaceChildren(...(this.placeholder ? [this.placeholder] : []));
+    this.current = null;
+    this.tools = new Map();
+    this.entries = 0;
+    this.lastId = null;
+    this._renderCount();
+  }
+
+  /** Render one envelope (`{id?, type, data}`); types without a transcript form are ignored. */
+  apply(envelope) {
+    const id = envelope.id ?? null;
+    if (id !== null) this.lastId = id;
+    const data = envelope.data;
+    switch (envelope.type) {
+      case "session_update":
+        if (isObject(data)) this._sessionUpdate(data, id);
+        break;
+      case "turn_complete":
+        this._marker(
+          "turn",
+          `Turn${isObject(data) && data.turn !== undefined ? ` ${data.turn}` : ""} complete${
+            isObject(data) && typeof data.stopReason === "string" ? ` · ${data.stopReason}` : ""
+          }`,
+          id,
+        );
+        break;
+      case "session_closed":
+        this._marker(
+          "closed",
+          `Session closed${isObject(data) && data.closedBy ? ` by ${data.closedBy}` : ""}${
+            isObject(data) && data.reason ? ` (${data.reason})` : ""
+          }`,
+          id,
+        );
+        break;
+      case "history_truncated":
+        this._marker(
+          "truncated",
+          `Earlier events are no longer kept by the server: history starts at #${
+            isObject(data) ? data.earliestAvailableId : "?"
+          }.`,
+          null,
+        );
+        break;
+      default:
+        break; // shown in the frame log only
+    }
+    this._renderCount();
+  }
+
+  /** Add a note that is not an event (e.g. the session is closed). */
+  note(kind, text) {
+    this._marker(kind, text, null);
+    this._renderCount();
+  }
+
+  _sessionUpdate(update, id) {
+    switch (update.sessionUpdate) {
+      case "agent_message_chunk":
+        this._chunk("agent", update.content, id);
+        break;
+      case "user_message_chunk":
+        this._chunk("user", update.content, id);
+        break;
+      case "agent_thought_chunk":
+        this._chunk("thought", update.content, id);
+        break;
+      case "tool_call":
+      case "tool_call_update":
+        this._tool(update, id);
+        break;
+      default:
+        break;
+    }
+  }
+
+  _append(node) {
+    if (this.placeholder && this.placeholder.isConnected) this.placeholder.remove();
+    this.root.append(node);
+    this.entries += 1;
+    this.follower.kick();
+  }
+
+  _chunk(role, content, id) {
+    let current = this.current;
+    if (current === null || current.role !== role) {
+      const block = h("article", `msg msg-${role}`);
+      block.dataset.role = role;
+      const head = h("header", "msg-head");
+      const ids = h("span", "msg-ids mono");
+      head.append(h("span", "msg-role", ROLE_LABELS[role]), ids);
+      const body = h("div", "msg-text");
+      const textNode = document.createTextNode("");
+      body.append(textNode);
+      block.append(head, body);
+      this._append(block);
+      current = { role, block, ids, textNode, firstId: id };
+      this.current = current;
+      if (id !== null) block.dataset.firstId = String(id);
+    }
+    current.textNode.appendData(contentText(content));
+    this.follower.kick();
+    if (id !== null) {
+      current.block.dataset.lastId = String(id);
+      current.ids.textContent = current.firstId === id ? `#${id}` : `#${current.firstId}–${id}`;
+    }
+  }
+
+  _tool(update, id) {
+    const callId = typeof update.toolCallId === "string" ? update.toolCallId : `event-${id}`;
+    let card = this.tools.get(callId);
+    if (card === undefined) {
+      const element = h("article", "tool");
+      element.dataset.toolCallId = callId;
+      const head = h("header", "tool-head");
+      const kind = h("span", "tool-kind", "tool");
+      const title = h("span", "tool-title", callId);
+      const status = h("span", "tool-status", "pending");
+      status.dataset.status = "pending";
+      head.append(kind, title, status);
+      const output = h("pre", "tool-output");
+      output.hidden = true;
+      element.append(head, output);
+      card = { element, kind, title, status, output };
+      this.tools.set(callId, card);
+      this.current = null; // text after a tool call is a new message
+      this._append(element);
+    }
+    if (typeof update.title === "string" && update.title) card.title.textContent = update.title;
+    if (typeof update.kind === "string" && update.kind) card.kind.textContent = update.kind;
+    if (typeof update.status === "string" && update.status) {
+      card.status.textContent = update.status.replace(/_/g, " ");
+      card.status.dataset.status = update.status;
+      card.element.dataset.status = update.status;
+    }
+    if (Array.isArray(update.content)) {
+      const text = toolContentText(update.content);
+      card.output.textContent = text;
+      card.output.hidden = text === "";
+    }
+    if (id !== null) card.element.dataset.lastId = String(id);
+  }
+
+  _marker(kind, text, id) {
+    const marker = h("div", `marker marker-${kind}`, text);
+    if (id !== null) marker.dataset.id = String(id);
+    this.current = null;
+    this._append(marker);
+  }
+
+  _renderCount() {
+    setText(this.countElement, this.lastId === null ? "" : `through #${this.lastId}`);
+  }
+}
+
+// ---- the frame log ---------------------------------------------------------------------
+
+/** The log of frames: one row per applied event and per synthetic frame, newest at the bottom. */
+class FrameLog {
+  constructor(body, countElement, scroller) {
+    this.body = body;
+    this.countElement = countElement;
+    this.follower = new Follower(scroller);
+    this.clear();
+  }
+
+  clear() {
+    this.body.replaceChildren();
+    this.total = 0;
+    this._renderCount();
+  }
+
+  /**
+   * Add a row. kind: "event" (has an id), "synthetic" (a server frame without id) or
+   * "local" (something this page noticed, e.g. a gap).
+   */
+  add({ id = null, type, timeMs, source = "", note = "", kind = "event" }) {
+    const row = h("tr", `row-${kind}`);
+    row.dataset.kind = kind;
+    row.dataset.type = type;
+    if (id !== null) row.dataset.id = String(id);
+    if (source) row.dataset.source = source;
+    const signal = SIGNAL_CLASSES[type];
+    if (signal) row.classList.add(`row-${signal}`);
+    const idCell = h("td", "num mono", id !== null ? id : kind === "synthetic" ? "◆" : "·");
+    if (id === null) idCell.title = kind === "synthetic" ? "synthetic frame: no id, never moves the cursor" : "noted by this page";
+    const typeCell = h("td", "type");
+    typeCell.append(h("span", `type-name${signal ? ` sig sig-${signal}` : ""}`, type));
+    const noteCell = h("td", "note");
+    if (source) noteCell.append(h("span", `source source-${source}`, source));
+    noteCell.append(document.createTextNode(note));
+    row.append(idCell, typeCell, h("td", "mono time", formatTime(timeMs)), noteCell);
+    this.body.append(row);
+    this.total += 1;
+    if (this.body.rows.length > MAX_LOG_ROWS) this.body.deleteRow(0);
+    this._renderCount();
+    this.follower.kick();
+  }
+
+  _renderCount() {
+    const shown = this.body.rows.length;
+    setText(this.countElement, shown < this.total ? `last ${shown} of ${this.total}` : `${this.total} rows`);
+  }
+}
+
+// ---- tokens ----------------------------------------------------------------------------
+
+/** Short-lived read tokens from `POST /session/<id>/token` (login session + CSRF). */
+class TokenSource {
+  constructor(url, onIssued) {
+    this.url = url;
+    this.onIssued = onIssued;
+    this.token = null;
+    this.pending = null;
+    this.issued = 0;
+  }
+
+  /** The current token, or a new one when `fresh` (the last one was rejected) or none yet. */
+  get(fresh) {
+    if (!fresh && this.token !== null) return Promise.resolve(this.token);
+    if (this.pending === null) {
+      this.pending = this._request().finally(() => {
+        this.pending = null;
+      });
+    }
+    return this.pending;
+  }
+
+  async _request() {
+    const response = await fetch(this.url, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrfToken() },
+      body: JSON.stringify({ scope: "read" }),
+    });
+    if (!response.ok) {
+      throw new HttpError(response.status, `token request failed: HTTP ${response.status} ${await errorDetail(response)}`);
+    }
+    const body = await response.json();
+    if (!isObject(body) || typeof body.token !== "string" || body.token === "") {
+      throw new HttpError(response.status, "token response carried no token");
+    }
+    this.token = body.token;
+    this.issued += 1;
+    this.onIssued(this.issued);
+    return this.token;
+  }
+}
+
+// ---- the page --------------------------------------------------------------------------
+
+class SessionPage {
+  constructor(config, dom) {
+    this.config = config;
+    this.dom = dom;
+    this.tokens = new TokenSource(config.urls.token, (count) => setText(dom.tokens, count));
+    this.transcript = new Transcript(dom.transcript, dom.transcriptCount);
+    this.log = new FrameLog(dom.logBody, dom.logCount, dom.logScroll);
+    this.stream = null;
+    this.state = "idle";
+    this.cursor = null; // highest event id applied to the view
+    this.resyncing = false;
+    this.pending = [];
+    this.resyncRunning = false;
+    this.resyncAgain = false;
+    this.lastRebuild = null;
+    this.replaying = false;
+    this.framesReceived = 0;
+    this.duplicates = 0;
+    this.reconnectBase = 0;
+    this.paused = false;
+    this.maxQueued = undefined;
+    this.nextAttemptAt = null;
+    this.ticker = null;
+    this.noticeTimer = null;
+  }
+
+  /** Load the snapshot, render it, open the stream from its cursor. Never throws. */
+  async start() {
+    this.bindControls();
+    setText(this.dom.streamUrl, this.config.urls.events);
+    let snapshot = null;
+    try {
+      snapshot = await this.loadSnapshot();
+    } catch (error) {
+      if (error instanceof HttpError && [401, 403, 404].includes(error.status)) {
+        this.showBanner("error", `Cannot read this session: ${error.message}`);
+        this.setState("stopped", { reason: "token_error", detail: error.message });
+        return;
+      }
+      this.notify(`Could not load the snapshot (${error.message}); streaming live only.`, "error");
+    }
+    if (snapshot !== null) this.rebuild(snapshot);
+    this.openStream(snapshot !== null ? String(snapshot.lastEventId) : "", snapshot !== null ? snapshot.epoch : null);
+  }
+
+  // -- stream wiring --
+
+  openStream(lastEventId, epoch) {
+    const previous = this.stream;
+    this.stream = null; // callbacks of the old stream are ignored from here on
+    if (previous !== null) {
+      this.reconnectBase += previous.reconnectCount + 1;
+      previous.close();
+    }
+    const options = {
+      url: this.config.urls.events,
+      getToken: (reason) => this.tokens.get(reason === "unauthorized"),
+      lastEventId,
+      epoch,
+      onEvent: (frame) => this.stream === stream && this.onFrame(frame),
+      onStateChange: (state, info) => this.stream === stream && this.setState(state, info),
+      onRetryScheduled: (delayMs) => this.stream === stream && this.onRetryScheduled(delayMs),
+      onResyncRequired: () => this.stream === stream && this.resync(),
+      onComment: () => this.stream === stream && setText(this.dom.heartbeat, formatTime(Date.now())),
+      onCallbackError: (error) => {
+        console.error("session page:", error);
+        this.notify(`Page error: ${error}`, "error");
+      },
+    };
+    if (this.maxQueued !== undefined) options.maxQueued = this.maxQueued;
+    const stream = new SessionEventStream(options);
+    this.stream = stream;
+    if (this.paused) stream.pause();
+    stream.start();
+    this.renderPanel();
+  }
+
+  setState(state, info = {}) {
+    this.state = state;
+    const badge = this.dom.badge;
+    badge.dataset.state = state;
+    setText(badge, state);
+    const parts = [REASONS[info.reason] ?? info.reason ?? ""];
+    if (state === "open") parts[0] = `streaming since ${formatTime(Date.now())}`;
+    else if (info.status) parts.push(`HTTP ${info.status}`);
+    if (info.detail) parts.push(String(info.detail));
+    const reason = parts.filter(Boolean).join(" · ");
+    setText(this.dom.stateReason, reason);
+    this.dom.stateReason.title = reason;
+    if (state === "open") {
+      // A response to a request that carried a cursor starts with replay (EB-7).
+      this.replaying = this.stream !== null && this.stream.lastEventId !== "";
+      this.hideBanner();
+    }
+    if (state !== "reconnecting") this.nextAttemptAt = null;
+    if (state === "ended") {
+      this.showBanner(
+        "ended",
+        "Session ended. The server answered 204 No Content: the session is closed, and this page makes no more requests.",
+      );
+    } else if (state === "stopped" && info.reason !== "closed") {
+      this.showBanner("error", `Stream stopped: ${reason}. Use Reconnect to try again.`);
+    }
+    this.renderPanel();
+  }
+
+  onRetryScheduled(delayMs) {
+    this.nextAttemptAt = Date.now() + delayMs;
+    if (this.ticker === null) {
+      this.ticker = setInterval(() => {
+        this.renderNextAttempt();
+        if (this.nextAttemptAt === null) {
+          clearInterval(this.ticker);
+          this.ticker = null;
+        }
+      }, 200);
+    }
+    this.renderPanel();
+  }
+
+  onFrame(frame) {
+    this.framesReceived += 1;
+    if (frame.type === "state_resync_required") {
+      this.resyncing = true; // hold every frame until the view is rebuilt (SC-12)
+      this.showSignal("resync", frame.json, "loading the snapshot…");
+    }
+    if (this.resyncing) {
+      this.pending.push(frame);
+    } else {
+      this.handleFrame(frame);
+    }
+    this.renderPanel();
+  }
+
+  /** Apply one frame to the view: events once each and in order, synthetic frames as signals. */
+  handleFrame(frame) {
+    const envelope = frame.json;
+    if (frame.id === null) {
+      this.handleSynthetic(frame.type, isObject(envelope) ? envelope : null, frame.data);
+      return;
+    }
+    const id = Number(frame.id);
+    if (!Number.isSafeInteger(id) || !isObject(envelope)) {
+      this.log.add({ id: frame.id, type: frame.type, note: `unparsed: ${clip(frame.data, 80)}`, source: "live" });
+      return;
+    }
+    if (this.cursor !== null && id <= this.cursor) {
+      this.duplicates += 1; // already shown: replay after a reconnect, or in the snapshot
+      return;
+    }
+    if (this.cursor !== null && id !== this.cursor + 1) {
+      this.log.add({ kind: "local", type: "gap", timeMs: Date.now(), note: `expected #${this.cursor + 1}, got #${id}` });
+    }
+    this.cursor = id;
+    this.transcript.apply(envelope);
+    this.log.add({
+      id,
+      type: frame.type,
+      timeMs: serverTime(envelope),
+      source: this.replaying ? "replay" : "live",
+      note: describeEvent(envelope, frame.data.length),
+    });
+  }
+
+  handleSynthetic(type, envelope, raw) {
+    const data = envelope !== null && isObject(envelope.data) ? envelope.data : {};
+    const timeMs = serverTime(envelope) ?? Date.now();
+    let note;
+    switch (type) {
+      case "replay_complete":
+        this.replaying = false;
+        note = `${data.replayedCount ?? 0} replayed${
+          data.lastReplayedEventId !== undefined ? ` up to #${data.lastReplayedEventId}` : ""
+        }; live from here`;
+        break;
+      case "slow_client_warning":
+        note = `queue ${data.queueSize}/${data.maxQueued} frames, ${formatBytes(data.queuedBytes)} of ${formatBytes(
+          data.maxQueuedBytes,
+        )} at #${data.lastEventId} (${data.threshold})`;
+        this.showSignal("warning", envelope, note);
+        break;
+      case "client_evicted":
+        note = `${data.reason} after #${data.droppedAfter} · queue ${data.queueSize}/${data.maxQueued}; reconnecting with the cursor`;
+        this.showSignal("evicted", envelope, note);
+        break;
+      case "state_resync_required": {
+        const rebuilt =
+          this.lastRebuild !== null
+            ? ` → view rebuilt from the snapshot (${this.lastRebuild.count} events up to #${this.lastRebuild.lastEventId})`
+            : "";
+        note = `${data.reason}${data.detail ? ` (${data.detail})` : ""}: delivered #${data.lastDeliveredId}, earliest kept #${
+          data.earliestAvailableId
+        }${rebuilt}`;
+        this.showSignal("resync", envelope, note);
+        break;
+      }
+      case "stream_error":
+        note = `${data.error ?? "error"}${data.code ? ` (${data.code})` : ""}; reconnecting`;
+        this.showSignal("error", envelope, note);
+        break;
+      default:
+        note = clip(raw, 160); // unknown types are shown raw, never fatal (SC-12)
+        break;
+    }
+    this.log.add({ kind: "synthetic", type, timeMs, note, source: this.replaying ? "replay" : "" });
+  }
+
+  showSignal(kind, envelope, text) {
+    const target = {
+      warning: this.dom.lastWarning,
+      evicted: this.dom.lastEvicted,
+      resync: this.dom.lastResync,
+      error: this.dom.lastStreamError,
+    }[kind];
+    setText(target, `${formatTime(serverTime(envelope) ?? Date.now())} · ${text}`);
+    target.classList.remove("muted");
+    target.classList.add("signal-set");
+  }
+
+  // -- snapshot and resync --
+
+  async loadSnapshot() {
+    const url = this.config.urls.load;
+    const get = (token) =>
+      fetch(url, { headers: { Authorization: `Bearer ${token}`, Accept: "application/json" }, credentials: "omit" });
+    let response = await get(await this.tokens.get(false));
+    if (response.status === 401) response = await get(await this.tokens.get(true));
+    if (!response.ok) throw new HttpError(response.status, `GET ${url}: HTTP ${response.status} ${await errorDetail(response)}`);
+    const snapshot = await response.json();
+    if (!isObject(snapshot) || !Array.isArray(snapshot.events)) throw new HttpError(200, "the snapshot is malformed");
+    return snapshot;
+  }
+
+  /** Replace the transcript and the log with the snapshot; its lastEventId becomes the cursor. */
+  rebuild(snapshot) {
+    this.transcript.clear();
+    this.log.clear();
+    let count = 0;
+    for (const envelope of snapshot.events) {
+      if (!isObject(envelope)) continue;
+      this.transcript.apply(envelope);
+      if (envelope.id === undefined || envelope.id === null) {
+        const data = isObject(envelope.data) ? envelope.data : {};
+        this.log.add({
+          kind: "synthetic",
+          type: String(envelope.type),
+          source: "snapshot",
+          note: envelope.type === "history_truncated" ? `events before #${data.earliestAvailableId} are gone` : "",
+        });
+      } else {
+        count += 1;
+        this.log.add({
+          id: envelope.id,
+          type: String(envelope.type),
+          timeMs: serverTime(envelope),
+          source: "snapshot",
+          note: describeEvent(envelope, 0),
+        });
+      }
+    }
+    if (Number.isSafeInteger(snapshot.lastEventId)) this.cursor = snapshot.lastEventId;
+    if (snapshot.status === "closed") this.transcript.note("closed", "This session is closed.");
+    this.lastRebuild = { lastEventId: this.cursor, count };
+  }
+
+  /** SC-12: reload the snapshot, rebuild the view, then apply the frames held meanwhile. */
+  async resync() {
+    if (this.resyncRunning) {
+      this.resyncAgain = true;
+      return;
+    }
+    this.resyncRunning = true;
+    let failure = null;
+    try {
+      do {
+        this.resyncAgain = false;
+        failure = null;
+        for (let attempt = 1; attempt <= SNAPSHOT_ATTEMPTS; attempt += 1) {
+          try {
+            this.rebuild(await this.loadSnapshot());
+            break;
+          } catch (error) {
+            failure = error;
+            if (error instanceof HttpError && [403, 404].includes(error.status)) break;
+            if (attempt < SNAPSHOT_ATTEMPTS) await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+          }
+        }
+      } while (this.resyncAgain);
+    } finally {
+      this.resyncRunning = false;
+    }
+    if (failure !== null) {
+      this.notify(`Resync failed: ${failure.message}. The view may miss events.`, "error");
+      this.log.add({ kind: "local", type: "resync failed", timeMs: Date.now(), note: failure.message });
+    }
+    const held = this.pending;
+    this.pending = [];
+    this.resyncing = false;
+    for (const frame of held) this.handleFrame(frame);
+    this.renderPanel();
+  }
+
+  // -- controls --
+
+  bindControls() {
+    const { drop, pause, demo, maxQueuedForm } = this.dom;
+    drop.addEventListener("click", () => {
+      if (this.stream === null) return;
+      this.stream.drop();
+      this.notify("Connection dropped; the client reconnects with Last-Event-ID after the retry delay.");
+    });
+    pause.addEventListener("click", () => this.togglePause());
+    demo.addEventListener("click", () => this.startDemo());
+    maxQueuedForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.applyMaxQueued();
+    });
+    window.addEventListener("pagehide", () => {
+      if (this.stream !== null) this.stream.close();
+    });
+  }
+
+  togglePause() {
+    this.paused = !this.paused;
+    if (this.stream !== null) {
+      if (this.paused) this.stream.pause();
+      else this.stream.resume();
+    }
+    this.renderPanel();
+  }
+
+  applyMaxQueued() {
+    if (this.state === "ended") return;
+    const raw = this.dom.maxQueued.value.trim();
+    const { min, max } = this.config.maxQueued;
+    if (raw === "") {
+      this.maxQueued = undefined;
+    } else {
+      const value = Number(raw);
+      if (!Number.isInteger(value) || value < min || value > max) {
+        this.notify(`maxQueued must be an integer in [${min}, ${max}] (EB-14).`, "error");
+        return;
+      }
+      this.maxQueued = value;
+    }
+    const cursor = this.stream !== null ? this.stream.lastEventId : "";
+    const epoch = this.stream !== null ? this.stream.epoch : null;
+    this.openStream(cursor, epoch);
+    this.notify(`Reconnecting with ${this.maxQueued === undefined ? "the default maxQueued" : `?maxQueued=${this.maxQueued}`}.`);
+  }
+
+  async startDemo() {
+    const button = this.dom.demo;
+    button.disabled = true;
+    try {
+      const response = await fetch(this.config.urls.demo, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { Accept: "application/json", "X-CSRFToken": csrfToken() },
+      });
+      if (response.status === 202) {
+        this.notify(`Demo agent started: about ${this.config.demoChunksPerS} chunks per second.`);
+      } else if (response.status === 409) {
+        this.notify(`Not started: ${await errorDetail(response)}.`, "error");
+      } else {
+        this.notify(`Demo agent: HTTP ${response.status} ${await errorDetail(response)}`, "error");
+      }
+    } catch (error) {
+      this.notify(`Demo agent: ${error}`, "error");
+    } finally {
+      button.disabled = this.state === "ended";
+    }
+  }
+
+  // -- rendering --
+
+  renderPanel() {
+    const stream = this.stream;
+    const { dom } = this;
+    const cursor = stream !== null ? stream.lastEventId : "";
+    setText(dom.cursor, cursor === "" ? "—" : cursor);
+    const epoch = stream !== null ? stream.epoch : null;
+    setText(dom.epoch, epoch === null ? "—" : clip(epoch, 10));
+    dom.epoch.title = epoch ?? "";
+    setText(dom.reconnects, this.reconnectBase + (stream !== null ? stream.reconnectCount : 0));
+    setText(dom.retry, stream !== null ? `${stream.retryMs} ms` : "—");
+    this.renderNextAttempt();
+    setText(dom.reading, this.paused ? "paused" : "reading");
+    dom.reading.classList.toggle("text-warning", this.paused);
+    dom.pausedChip.hidden = !this.paused;
+    setText(dom.maxQueuedCurrent, this.maxQueued === undefined ? `default (${this.config.maxQueued.default})` : this.maxQueued);
+    setText(dom.frames, this.framesReceived);
+    setText(dom.duplicates, this.duplicates);
+    const terminal = this.state === "ended";
+    dom.drop.disabled = !(this.state === "connecting" || this.state === "open");
+    dom.pause.disabled = terminal;
+    setText(dom.pause, this.paused ? "Resume reading" : "Pause reading");
+    dom.pause.setAttribute("aria-pressed", String(this.paused));
+    dom.demo.disabled = terminal;
+    for (const control of dom.maxQueuedForm.elements) control.disabled = terminal;
+  }
+
+  renderNextAttempt() {
+    if (this.nextAttemptAt === null) {
+      setText(this.dom.nextAttempt, "—");
+      return;
+    }
+    const left = Math.max(0, this.nextAttemptAt - Date.now());
+    setText(this.dom.nextAttempt, `in ${(left / 1000).toFixed(1)} s`);
+  }
+
+  showBanner(kind, text) {
+    const banner = this.dom.banner;
+    banner.dataset.kind = kind;
+    setText(banner, text);
+    banner.hidden = false;
+  }
+
+  hideBanner() {
+    this.dom.banner.hidden = true;
+  }
+
+  notify(text, kind = "info") {
+    const notice = this.dom.notice;
+    notice.dataset.kind = kind;
+    setText(notice, text);
+    notice.hidden = false;
+    clearTimeout(this.noticeTimer);
+    this.noticeTimer = setTimeout(() => {
+      notice.hidden = true;
+    }, 6000);
+  }
+}
+
+function collectDom() {
+  const byId = (id) => {
+    const element = document.getElementById(id);
+    if (element === null) throw new Error(`session page: #${id} is missing`);
+    return element;
+  };
+  return {
+    badge: byId("state-badge"),
+    stateReason: byId("state-reason"),
+    pausedChip: byId("paused-chip"),
+    banner: byId("banner"),
+    notice: byId("notice"),
+    transcript: byId("transcript"),
+    transcriptCount: byId("transcript-count"),
+    logBody: byId("frame-log").tBodies[0],
+    logCount: byId("log-count"),
+    logScroll: byId("log-scroll"),
+    streamUrl: byId("stream-url"),
+    cursor: byId("cursor"),
+    epoch: byId("epoch"),
+    reconnects: byId("reconnects"),
+    retry: byId("retry"),
+    nextAttempt: byId("next-attempt"),
+    reading: byId("reading"),
+    maxQueuedCurrent: byId("max-queued-current"),
+    frames: byId("frames"),
+    duplicates: byId("duplicates"),
+    tokens: byId("tokens"),
+    heartbeat: byId("heartbeat"),
+    lastWarning: byId("last-warning"),
+    lastEvicted: byId("last-evicted"),
+    lastResync: byId("last-resync"),
+    lastStreamError: byId("last-stream-error"),
+    drop: byId("drop"),
+    pause: byId("pause"),
+    demo: byId("demo"),
+    maxQueuedForm: byId("max-queued-form"),
+    maxQueued: byId("max-queued"),
+  };
+}
+
+const config = JSON.parse(document.getElementById("session-config").textContent);
+new SessionPage(config, collectDom()).start();

@@ -1,0 +1,150 @@
+"""The operator's pages and the demo endpoint (``sessions.pages``), through the ASGI app.
+
+The page itself (its script, in Chromium) is tested in ``tests/browser``; here: who may
+open it, what it hands to the script, and the demo agent's endpoint and task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+
+import pytest
+
+from sessions import pages, runtime
+from tests.integration.conftest import assert_error, call, close, csrf_headers, login_cookie
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+def page_config(body: bytes) -> dict[str, object]:
+    """The ``session-config`` JSON the template hands to ``session_page.js``."""
+    match = re.search(rb'<script id="session-config" type="application/json">(.*?)</script>', body)
+    assert match, body[:500]
+    config: dict[str, object] = json.loads(match.group(1))
+    return config
+
+
+async def test_session_page_without_login_redirects_to_admin_login_with_next(make_session):
+    sid = await make_session()
+    response = await call("GET", f"/sessions/{sid}/")
+    assert response.status == 302
+    assert response.headers["location"] == f"/admin/login/?next=/sessions/{sid}/"
+
+
+async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_session):
+    owner = await make_user("alice")
+    sid = await make_session(owner=owner, title="<b>t</b>", ring_size=5)
+    response = await call("GET", f"/sessions/{sid}/", headers={"cookie": await login_cookie(owner)})
+    assert response.status == 200
+    assert b"&lt;b&gt;t&lt;/b&gt;" in response.body  # the title is escaped
+    config = page_config(response.body)
+    assert config["ringSize"] == 5
+    assert config["urls"] == {
+        "events": f"/session/{sid}/events",
+        "load": f"/session/{sid}",
+        "token": f"/session/{sid}/token",
+        "demo": f"/sessions/{sid}/demo",
+        "list": "/sessions/",
+    }
+    assert config["maxQueued"] == {"min": 16, "max": 2048, "default": 256}
+
+
+async def test_session_page_of_another_users_session_is_403_page(make_user, make_session):
+    sid = await make_session(owner=await make_user("alice"))
+    cookie = await login_cookie(await make_user("mallory"))
+    response = await call("GET", f"/sessions/{sid}/", headers={"cookie": cookie})
+    assert response.status == 403
+    assert b"Not yours to watch" in response.body
+
+
+async def test_session_page_for_staff_opens_any_session(make_user, make_session):
+    sid = await make_session(owner=await make_user("alice"))
+    cookie = await login_cookie(await make_user("root", is_staff=True))
+    assert (await call("GET", f"/sessions/{sid}/", headers={"cookie": cookie})).status == 200
+
+
+@pytest.mark.parametrize("raw", [str(uuid.uuid4()), "not-a-uuid", str(uuid.uuid4()).upper()])
+async def test_session_page_of_unknown_or_malformed_id_is_404(make_user, raw):
+    cookie = await login_cookie(await make_user("alice"))
+    assert (await call("GET", f"/sessions/{raw}/", headers={"cookie": cookie})).status == 404
+
+
+async def test_session_list_shows_own_sessions_and_staff_sees_all(make_user, make_session):
+    alice, bob = await make_user("alice"), await make_user("bob")
+    await make_session(owner=alice, title="alice-1")
+    await make_session(owner=bob, title="bob-1")
+    mine = await call("GET", "/sessions/", headers={"cookie": await login_cookie(alice)})
+    assert b"alice-1" in mine.body
+    assert b"bob-1" not in mine.body
+    staff_cookie = await login_cookie(await make_user("root", is_staff=True))
+    everyone = await call("GET", "/sessions/", headers={"cookie": staff_cookie})
+    assert b"alice-1" in everyone.body
+    assert b"bob-1" in everyone.body
+
+
+async def test_root_redirects_to_the_session_list():
+    response = await call("GET", "/")
+    assert response.status == 302
+    assert response.headers["location"] == "/sessions/"
+
+
+# -- POST /sessions/<id>/demo ------------------------------------------------------------
+
+
+async def test_demo_endpoint_without_csrf_token_is_refused(make_user, make_session):
+    owner = await make_user("alice")
+    sid = await make_session(owner=owner)
+    headers = csrf_headers(await login_cookie(owner), with_header=False)
+    response = await call("POST", f"/sessions/{sid}/demo", headers=headers)
+    assert response.status == 403
+    assert not pages.demo_agent_running(sid)
+
+
+async def test_demo_endpoint_starts_one_agent_per_session_second_is_409(make_user, make_session):
+    owner = await make_user("alice")
+    sid = await make_session(owner=owner)
+    headers = csrf_headers(await login_cookie(owner))
+    try:
+        started = await call("POST", f"/sessions/{sid}/demo", headers=headers)
+        assert started.status == 202
+        assert started.json()["started"] is True
+        assert pages.demo_agent_running(sid)
+        assert_error(
+            await call("POST", f"/sessions/{sid}/demo", headers=headers), 409, "demo_running"
+        )
+    finally:
+        pages._demo_agents[sid].cancel()
+
+
+async def test_demo_endpoint_refuses_strangers_anonymous_and_closed_sessions(
+    make_user, make_session
+):
+    sid = await make_session(owner=await make_user("alice"))
+    stranger = csrf_headers(await login_cookie(await make_user("mallory")))
+    assert_error(await call("POST", f"/sessions/{sid}/demo", headers=stranger), 403, "forbidden")
+    anonymous = await call("POST", f"/sessions/{sid}/demo", headers=csrf_headers())
+    assert (anonymous.status, anonymous.json()["code"]) == (401, "unauthorized")
+    await close(sid)
+    root = csrf_headers(await login_cookie(await make_user("root", is_staff=True)))
+    assert_error(await call("POST", f"/sessions/{sid}/demo", headers=root), 409, "session_closed")
+
+
+async def test_demo_agent_publishes_the_whole_script_in_order(make_session):
+    sid = await make_session()
+    async with asyncio.timeout(5):
+        count = await pages.run_demo_agent(sid, chunks_per_s=1e9)
+    snapshot = json.loads(runtime.snapshot_json(await runtime.get_live_session(sid)))
+    assert count == len(snapshot["events"]) > 100
+    assert [e["id"] for e in snapshot["events"]] == list(range(1, count + 1))
+    assert snapshot["events"][0]["data"]["sessionUpdate"] == "user_message_chunk"
+    assert snapshot["events"][-1]["type"] == "turn_complete"
+
+
+async def test_demo_agent_stops_quietly_when_the_session_is_closed(make_session):
+    sid = await make_session()
+    await close(sid)
+    async with asyncio.timeout(5):
+        assert await pages.run_demo_agent(sid, chunks_per_s=1e9) == 0
