@@ -93,6 +93,13 @@ DATABASES = {
         conn_max_age=0,
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Requests write from several threads at once (database_sync_to_async): take the write
+    # lock when a transaction starts and wait for it, instead of failing "database is
+    # locked" when a read transaction tries to upgrade.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -123,7 +130,16 @@ QWENWEB = {
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,
     "BACKEND": "memory",
+    # Operator records (sessions.records): flushed every interval or once a batch is full;
+    # `manage.py prune_records` deletes closed ones older than the retention.
+    "RECORDS_FLUSH_INTERVAL_S": 1.0,
+    "RECORDS_BATCH_SIZE": 500,
+    "RECORDS_RETENTION_DAYS": 30,
 }
+
+# The operator dashboard's live feed (sessions.dashboard): one staff-only channel, no
+# event storage (nothing is written to the database per dashboard event).
+EVENTSTREAM_CHANNELMANAGER_CLASS = "sessions.dashboard.OperatorChannelManager"
 
 LOGGING = {
     "version": 1,

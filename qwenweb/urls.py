@@ -5,9 +5,15 @@ the streaming handler in front of Django (EB-22).
 """
 
 from django.contrib import admin
-from django.urls import include, path
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
+from django.urls import URLPattern, URLResolver, include, path
 
-urlpatterns = [
+urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("", include("sessions.urls")),
 ]
+
+# `/static/` from the app's files when DEBUG is on (an empty list otherwise), so the session
+# page works under plain `daphne` and `uvicorn` too, not only under `runserver`. In
+# production run `collectstatic` and serve STATIC_ROOT from the front web server.
+urlpatterns += staticfiles_urlpatterns()

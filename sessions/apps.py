@@ -12,4 +12,7 @@ class SessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from sessions import checks  # noqa: F401  (registers the system checks)
+        from sessions import (
+            checks,  # noqa: F401  (registers the system checks)
+            dashboard,  # noqa: F401  (connects the session_opened signal)
+        )

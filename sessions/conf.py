@@ -32,6 +32,9 @@ ENV_OVERRIDES: Final = {
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
     "BACKEND": "QWENWEB_BACKEND",
+    "RECORDS_FLUSH_INTERVAL_S": "QWENWEB_RECORDS_FLUSH_INTERVAL_S",
+    "RECORDS_BATCH_SIZE": "QWENWEB_RECORDS_BATCH_SIZE",
+    "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -43,6 +46,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,
     "BACKEND": "memory",
+    "RECORDS_FLUSH_INTERVAL_S": 1.0,
+    "RECORDS_BATCH_SIZE": 500,
+    "RECORDS_RETENTION_DAYS": 30,
 }
 
 # key -> (kind, minimum, maximum)
@@ -53,7 +59,11 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "HEARTBEAT_INTERVAL_S": (float, 0.01, 3600),
     "TOKEN_LIFETIME_S": (int, 1, 30 * 24 * 3600),
     "PUBLISH_MAX_BODY_BYTES": (int, 64, 64 * 1024 * 1024),
-    "ID_RESERVATION_BLOCK": (int, 2, MAX_SAFE_INTEGER // 4),
+    # At least 1,000: the block must stay ahead of publishing while a renewal is written.
+    "ID_RESERVATION_BLOCK": (int, 1000, MAX_SAFE_INTEGER // 4),
+    "RECORDS_FLUSH_INTERVAL_S": (float, 0.01, 3600),
+    "RECORDS_BATCH_SIZE": (int, 1, 100_000),
+    "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
 }
 _BACKENDS: Final = ("memory",)
 
@@ -70,6 +80,9 @@ class QwenwebConfig:
     publish_max_body_bytes: int
     id_reservation_block: int
     backend: str
+    records_flush_interval_s: float
+    records_batch_size: int
+    records_retention_days: int
 
 
 def _raw_values() -> dict[str, Any]:

@@ -80,3 +80,106 @@ def normalize_session_id(raw: str) -> str | None:
     except ValueError:
         return None
     return raw if str(parsed) == raw else None
+
+
+# -- operator records (issue 4) ----------------------------------------------------------
+#
+# Written in batches by `sessions.records` (never on the publish path or in a stream's
+# frame loop), pruned by `manage.py prune_records`.
+
+
+class SubscriberConnection(models.Model):
+    """One subscriber connection to a session's stream: who, from where, how much, how it ended.
+
+    The primary key is the connection id the stream generates when the subscriber attaches;
+    it also appears as ``subscriber=<id>`` in every log line about this subscriber.
+    ``frames_sent`` counts SSE frames written (events and synthetic frames);
+    ``bytes_sent`` counts every body byte written (``retry:``, frames, heartbeats).
+    ``end_payload`` is the exact JSON of the terminal frame the client received
+    (``client_evicted`` or ``stream_error``), as written on the wire.
+    """
+
+    class Auth(models.TextChoices):
+        TOKEN = "token", "Bearer token"
+        LOGIN = "login", "Login session"
+
+    class EndReason(models.TextChoices):
+        CLIENT_DISCONNECT = "client_disconnect", "Client disconnected"
+        CLIENT_EVICTED = "client_evicted", "Evicted (slow client)"
+        STREAM_ERROR = "stream_error", "Stream error"
+        SESSION_CLOSED = "session_closed", "Session closed"
+        SERVER_DISCONNECT = "server_disconnect", "Disconnected by the server"
+        SERVER_SHUTDOWN = "server_shutdown", "Server shutdown"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="connections")
+    auth = models.CharField(max_length=8, choices=Auth.choices)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    subject = models.CharField(
+        max_length=150, blank=True, help_text="The username, or the token's subject."
+    )
+    client_addr = models.CharField(max_length=64, blank=True)
+    user_agent = models.CharField(max_length=300, blank=True)
+    client_id = models.CharField(
+        max_length=200, blank=True, help_text="The X-Client-Id request header, if sent."
+    )
+    max_queued = models.PositiveIntegerField()
+    resumed_from = models.BigIntegerField(
+        null=True, blank=True, help_text="The Last-Event-ID the client sent (valid ones only)."
+    )
+    opened_at = models.DateTimeField(db_index=True)
+    closed_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    frames_sent = models.BigIntegerField(default=0)
+    bytes_sent = models.BigIntegerField(default=0)
+    end_reason = models.CharField(max_length=20, choices=EndReason.choices, blank=True)
+    end_detail = models.CharField(max_length=200, blank=True)
+    end_payload = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ("-opened_at",)
+        verbose_name = "subscriber connection"
+
+    def __str__(self) -> str:
+        return f"{self.subject or self.client_addr or 'anonymous'} · {self.id}"
+
+    @property
+    def is_open(self) -> bool:
+        """Whether no end was recorded yet (still streaming, or the process died)."""
+        return self.closed_at is None
+
+
+class SubscriberIncident(models.Model):
+    """One ``slow_client_warning`` or ``client_evicted`` frame written to a subscriber.
+
+    ``payload`` is the exact JSON envelope the client received (the ``data:`` line, with
+    its ``_meta.serverTimestamp``); ``reason`` is the warning's ``threshold`` or the
+    eviction's ``reason``; ``event_id`` its ``lastEventId`` or ``droppedAfter``.
+    """
+
+    class Kind(models.TextChoices):
+        SLOW_CLIENT_WARNING = "slow_client_warning", "slow_client_warning"
+        CLIENT_EVICTED = "client_evicted", "client_evicted"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="incidents")
+    connection = models.ForeignKey(
+        SubscriberConnection, on_delete=models.CASCADE, related_name="incidents"
+    )
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    reason = models.CharField(max_length=40, blank=True)
+    event_id = models.BigIntegerField(null=True, blank=True)
+    at = models.DateTimeField(db_index=True)
+    payload = models.TextField()
+
+    class Meta:
+        ordering = ("-at",)
+        verbose_name = "subscriber incident"
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.reason}) at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -17,6 +17,13 @@ Overflow policy
     whose ``send`` waits on the socket turns a client that stops reading into a full
     queue, then ``slow_client_warning`` and ``client_evicted`` (EB-4, EB-5, EB-21). The
     frames already queued are written in one ``send`` of at most ``_MAX_BATCH_BYTES``.
+
+Operator records (issue 4)
+    Each attached subscriber gets a :class:`sessions.records.ConnectionRecord`: the pump
+    reports every frame and byte after ``send`` accepted it (so a recorded
+    ``client_evicted`` payload is exactly what the client was sent), and the handler
+    records how the stream ended. Those calls only touch memory; the records are
+    written in batches off the stream's path.
 """
 
 from __future__ import annotations
@@ -24,18 +31,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 from urllib.parse import parse_qs
 
 import orjson
 from channels.auth import get_user
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
-from sessions import runtime
+from sessions import records, runtime
 from sessions.auth import TokenError, parse_bearer, verify_token
 from sessions.bus import Frame, SubscriberLimitExceededError, Subscription
 from sessions.conf import get_config
-from sessions.models import normalize_session_id
+from sessions.models import SubscriberConnection, normalize_session_id
 from sessions.sse import (
     DEFAULT_RETRY_MS,
     HEARTBEAT,
@@ -66,11 +77,36 @@ _STREAM_HEADERS: Final = (
 
 
 class _Reject(Exception):
-    """Raised to answer the request with a JSON error before any stream byte (EB-12 ... EB-15)."""
+    """Raised to answer the request with a JSON error before any stream byte (EB-12 ... EB-15).
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    ``log_extra`` is appended to the one log line (e.g. `` value='9999'``).
+    """
+
+    def __init__(self, status: int, code: str, message: str, log_extra: str = "") -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.log_extra = log_extra
+
+
+class FrameObserver(Protocol):
+    """What :func:`pump_frames` reports to (a :class:`sessions.records.ConnectionRecord`)."""
+
+    def frame_written(self, frame_type: str, nbytes: int, chunk: bytes) -> None: ...
+
+    def bytes_written(self, nbytes: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Admission:
+    """What the checks of EB-12 ... EB-15 found: the session, the cursor, who is asking."""
+
+    live: runtime.LiveSession
+    last_event_id: int | None
+    epoch: str | None
+    max_queued: int
+    auth: str
+    user_id: int | None
+    subject: str
 
 
 def encode_synthetic(frame: Frame) -> bytes:
@@ -95,14 +131,20 @@ def _encode(frame: Frame) -> bytes:
     return encode_frame(event_type=frame.type, data_json=frame.json, event_id=frame.id)
 
 
-async def pump_frames(subscription: Subscription, send: Send, heartbeat_interval_s: float) -> None:
+async def pump_frames(
+    subscription: Subscription,
+    send: Send,
+    heartbeat_interval_s: float,
+    observer: FrameObserver | None = None,
+) -> None:
     """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
 
     Frames already queued go out together in one body message (at most 256 KiB), so a
     burst costs one ``send`` while every frame still reaches the socket as soon as it is
     produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
-    comment is written. Returns when the subscription ends (evicted, bus closed);
-    raises whatever ``send`` or the iterator raises.
+    comment is written. Once ``send`` returned, ``observer`` (if any) is told about each
+    frame (type, size, encoded bytes) and heartbeat. Returns when the subscription ends
+    (evicted, bus closed, disconnected); raises whatever ``send`` or the iterator raises.
     """
     iterator = aiter(subscription)
     while True:
@@ -111,9 +153,12 @@ async def pump_frames(subscription: Subscription, send: Send, heartbeat_interval
                 frame = await anext(iterator)
         except TimeoutError:
             await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+            if observer is not None:
+                observer.bytes_written(len(HEARTBEAT))
             continue
         except StopAsyncIteration:
             return
+        frames = [frame]
         chunks = [_encode(frame)]
         size = len(chunks[0])
         while size < _MAX_BATCH_BYTES:
@@ -121,9 +166,13 @@ async def pump_frames(subscription: Subscription, send: Send, heartbeat_interval
             if queued is None:
                 break
             chunk = _encode(queued)
+            frames.append(queued)
             chunks.append(chunk)
             size += len(chunk)
         await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+        if observer is not None:
+            for written, chunk in zip(frames, chunks, strict=True):
+                observer.frame_written(written.type, len(chunk), chunk)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -152,7 +201,7 @@ class SessionEventStream:
         session_id = scope["url_route"]["kwargs"]["session_id"]
         headers = _headers(scope)
         try:
-            live, last_event_id, epoch, max_queued = await self._admit(scope, session_id, headers)
+            admission = await self._admit(scope, session_id, headers)
         except _Reject as reject:
             await self._reject(send, scope, session_id, reject)
             return
@@ -160,13 +209,19 @@ class SessionEventStream:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
+        live = admission.live
+        connection_id = uuid.uuid4()
         try:
             subscription = live.bus.subscribe(
-                last_event_id=last_event_id, max_queued=max_queued, epoch=epoch
+                last_event_id=admission.last_event_id,
+                max_queued=admission.max_queued,
+                epoch=admission.epoch,
+                label=str(connection_id),
             )
         except SubscriberLimitExceededError as exc:
             await self._limit_reached(send, live, exc.limit)
             return
+        record: records.ConnectionRecord | None = None
         try:
             await send(
                 {
@@ -178,26 +233,35 @@ class SessionEventStream:
             if scope["method"] == "HEAD":
                 await send({"type": "http.response.body", "body": b""})
                 return
+            record = _open_record(connection_id, scope, headers, admission)
             # daphne sends no headers until the first body bytes: write retry now (EB-18).
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": encode_retry(DEFAULT_RETRY_MS),
-                    "more_body": True,
-                }
-            )
-            await self._serve(subscription, receive, send, session_id)
+            retry = encode_retry(DEFAULT_RETRY_MS)
+            await send({"type": "http.response.body", "body": retry, "more_body": True})
+            record.bytes_written(len(retry))
+            reason, detail = await self._serve(subscription, receive, send, live.session_id, record)
+            record.closed(reason, detail)
+        except asyncio.CancelledError:
+            if record is not None:  # the server cancels its streams when it shuts down
+                record.closed(_SERVER_SHUTDOWN)
+            raise
+        except Exception as exc:
+            if record is not None:  # `send` of the headers or retry line failed
+                record.closed(_STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             subscription.abort()
 
     async def _admit(
         self, scope: Scope, raw_session_id: str, headers: dict[bytes, bytes]
-    ) -> tuple[runtime.LiveSession, int | None, str | None, int]:
+    ) -> _Admission:
         """Run the checks of EB-12 ... EB-15 in order; raise ``_Reject`` on the first failure."""
+        if not _host_allowed(scope, headers):  # what Django's get_host() does for its views
+            raise _Reject(400, "disallowed_host", "the Host header is not in ALLOWED_HOSTS")
         session_id = normalize_session_id(raw_session_id)
         authorization = headers.get(b"authorization")
         user_id: int | None = None
         is_staff = False
+        subject = ""
         if authorization is not None:  # EB-12
             try:
                 claims = verify_token(parse_bearer(authorization))
@@ -205,6 +269,7 @@ class SessionEventStream:
                 raise _Reject(401, "unauthorized", str(exc)) from None
             if session_id is None or not claims.grants(session_id, "read"):
                 raise _Reject(403, "forbidden", "this token does not grant read access here")
+            subject = claims.subject
         else:
             user = await get_user(scope) if "session" in scope else None
             if user is None or not user.is_authenticated:
@@ -213,7 +278,7 @@ class SessionEventStream:
                     "unauthorized",
                     "authentication required: send Authorization: Bearer <token>",
                 )
-            user_id, is_staff = user.pk, user.is_staff
+            user_id, is_staff, subject = user.pk, user.is_staff, user.get_username()
         last_event_id, epoch = self._cursor(headers, raw_session_id)  # EB-13
         max_queued = _parse_max_queued(scope.get("query_string", b""))  # EB-14
         if session_id is None:  # EB-15
@@ -231,7 +296,15 @@ class SessionEventStream:
             raise
         if authorization is None and not (is_staff or live.owner_id == user_id):
             raise _Reject(403, "forbidden", "only the session's owner or staff may read it")
-        return live, last_event_id, epoch, max_queued
+        return _Admission(
+            live=live,
+            last_event_id=last_event_id,
+            epoch=epoch,
+            max_queued=max_queued,
+            auth="token" if authorization is not None else "login",
+            user_id=user_id,
+            subject=subject,
+        )
 
     @staticmethod
     def _cursor(headers: dict[bytes, bytes], session_id: str) -> tuple[int | None, str | None]:
@@ -254,10 +327,19 @@ class SessionEventStream:
         return last_event_id, epoch if last_event_id is not None else None
 
     async def _serve(
-        self, subscription: Subscription, receive: Receive, send: Send, session_id: str
-    ) -> None:
+        self,
+        subscription: Subscription,
+        receive: Receive,
+        send: Send,
+        session_id: str,
+        record: records.ConnectionRecord,
+    ) -> tuple[str, str]:
+        """Stream until the client leaves, the subscription ends or the pump fails.
+
+        Returns how the stream ended for the record: ``(end reason, detail)``.
+        """
         pump = asyncio.ensure_future(
-            pump_frames(subscription, send, get_config().heartbeat_interval_s)
+            pump_frames(subscription, send, get_config().heartbeat_interval_s, record)
         )
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
@@ -268,14 +350,16 @@ class SessionEventStream:
                 task.cancel()
             await asyncio.gather(pump, watcher, return_exceptions=True)
         if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
-            return  # the client went away: nothing more to write, nothing to log
+            # The client went away: nothing more to write, nothing to log.
+            return _ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
         error = pump.exception() if pump.done() and not pump.cancelled() else None
         if error is not None:  # EB-19
+            detail = f"{type(error).__name__}: {sanitize_for_log(str(error), 200)}"
             logger.error(
-                "stream_error session=%s error=%s: %s",
+                "stream_error session=%s subscriber=%s error=%s",
                 session_id,
-                type(error).__name__,
-                sanitize_for_log(str(error), 200),
+                subscription.label,
+                detail,
             )
             body = encode_frame(
                 event_type="stream_error",
@@ -290,10 +374,12 @@ class SessionEventStream:
             )
             try:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
+                record.frame_written("stream_error", len(body), body)
             except Exception:  # the connection itself may be what failed
                 logger.debug("stream_error frame could not be written", exc_info=True)
-            return
+            return _STREAM_ERROR, detail
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return _ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
 
     async def _limit_reached(self, send: Send, live: runtime.LiveSession, limit: int) -> None:
         """EB-16: 200, ``Retry-After: 5``, ``retry: 5000``, one ``stream_error``, end."""
@@ -329,12 +415,13 @@ class SessionEventStream:
 
     async def _reject(self, send: Send, scope: Scope, session_id: str, reject: _Reject) -> None:
         logger.warning(
-            "stream_rejected session=%s status=%d code=%s error=%s client=%s",
+            "stream_rejected session=%s status=%d code=%s error=%s client=%s%s",
             sanitize_for_log(session_id),
             reject.status,
             reject.code,
             reject.message,
             (scope.get("client") or ["-"])[0],
+            reject.log_extra,
         )
         body = orjson.dumps({"error": reject.message, "code": reject.code})
         headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
@@ -354,6 +441,21 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return headers
 
 
+def _host_allowed(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """Whether the request's host is in ``ALLOWED_HOSTS`` (Django's rules, incl. DEBUG)."""
+    raw = headers.get(b"host")
+    if raw is None:
+        server = scope.get("server") or ("", None)
+        host = str(server[0])
+    else:
+        host = raw.decode("latin-1")
+    allowed = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed)
+
+
 def _parse_max_queued(query_string: bytes) -> int:
     """EB-14: absent → 256; otherwise a plain decimal in ``[16, 2048]`` or a 400."""
     try:
@@ -367,7 +469,7 @@ def _parse_max_queued(query_string: bytes) -> int:
         len(values) == 1
         and raw.isascii()
         and raw.isdigit()
-        and len(raw) <= 5
+        and len(raw) <= 32  # leading zeros are fine; this only bounds int()
         and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
     ):
         return int(raw)
@@ -375,4 +477,48 @@ def _parse_max_queued(query_string: bytes) -> int:
         400,
         "invalid_max_queued",
         f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
+        log_extra=f" value={sanitize_for_log(','.join(values))!r}",
+    )
+
+
+# -- operator records (issue 4) ------------------------------------------------------------
+
+_CLIENT_DISCONNECT: Final = SubscriberConnection.EndReason.CLIENT_DISCONNECT.value
+_STREAM_ERROR: Final = SubscriberConnection.EndReason.STREAM_ERROR.value
+_SERVER_DISCONNECT: Final = SubscriberConnection.EndReason.SERVER_DISCONNECT.value
+_SERVER_SHUTDOWN: Final = SubscriberConnection.EndReason.SERVER_SHUTDOWN.value
+_BUS_END_REASONS: Final = {
+    "evicted": SubscriberConnection.EndReason.CLIENT_EVICTED.value,
+    "closed": SubscriberConnection.EndReason.SESSION_CLOSED.value,
+    "disconnected": SubscriberConnection.EndReason.SERVER_DISCONNECT.value,
+}
+
+
+def _ended_by_bus(subscription: Subscription) -> tuple[str, str] | None:
+    """The record's end reason when the bus ended the subscription (EB-5, EB-9), else None.
+
+    A subscriber disconnected while the server shuts down (``sessions.lifecycle``) ended
+    because of the shutdown.
+    """
+    reason = _BUS_END_REASONS.get(subscription.end_reason or "")
+    if reason == _SERVER_DISCONNECT and records.recorder.shutting_down:
+        reason = _SERVER_SHUTDOWN
+    return (reason, "") if reason is not None else None
+
+
+def _open_record(
+    connection_id: uuid.UUID, scope: Scope, headers: dict[bytes, bytes], admission: _Admission
+) -> records.ConnectionRecord:
+    """Start the connection's record (memory only): who, from where, with which options."""
+    return records.connection_opened(
+        connection_id=connection_id,
+        session_id=admission.live.session_id,
+        auth=admission.auth,
+        user_id=admission.user_id,
+        subject=admission.subject,
+        client_addr=str((scope.get("client") or [""])[0] or ""),
+        user_agent=sanitize_for_log(headers.get(b"user-agent"), 300),
+        client_id=sanitize_for_log(headers.get(b"x-client-id"), 200),
+        max_queued=admission.max_queued,
+        resumed_from=admission.last_event_id,
     )

@@ -12,3 +12,23 @@ urlpatterns = [
     path("session/<str:session_id>/close", views.close_session, name="session-close"),
     path("session/<str:session_id>/token", views.session_token, name="session-token"),
 ]
+
+# The operator's pages (issue 3); appended so the API patterns above stay untouched.
+from sessions import pages  # noqa: E402
+
+urlpatterns += [
+    path("", pages.home, name="home"),
+    path("sessions/", pages.session_list, name="session-list"),
+    path("sessions/<str:session_id>/", pages.session_page, name="session-page"),
+    path("sessions/<str:session_id>/demo", pages.start_demo, name="session-demo"),
+]
+
+# The operator dashboard and its live feed (issue 4). `/` is the dashboard for staff and
+# delegates to `pages.home` for everyone else, so it goes in front: the first match wins.
+from sessions import dashboard  # noqa: E402
+
+urlpatterns.insert(0, path("", dashboard.home, name="dashboard"))
+urlpatterns += [
+    path("ops/events/", dashboard.operator_events, name="operator-events"),
+    path("ops/sessions/<str:session_id>/records", dashboard.session_records, name="ops-records"),
+]

@@ -16,6 +16,7 @@ from sessions.bus.eventbus import (
     SubscriberLimitExceededError,
     Subscription,
     SubscriptionStats,
+    disconnect_frame,
     is_valid_epoch,
     synthetic_frame,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "SubscriberLimitExceededError",
     "Subscription",
     "SubscriptionStats",
+    "disconnect_frame",
     "is_valid_epoch",
     "synthetic_frame",
 ]

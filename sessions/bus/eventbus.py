@@ -18,6 +18,9 @@ Overflow policy (EB-3 ... EB-5)
     Replay and synthetic frames are *forced*: they bypass both caps and never count
     toward them. One slow subscriber never slows the publisher or its siblings.
 
+Log lines (``qwenweb.bus``) are one line of ``key=value`` each and name the session
+(the bus's ``name``) and the subscriber (its ``label``), so an operator can grep them.
+
 Each published event is serialized to compact JSON once (:attr:`Frame.json`); every
 subscriber and the wire share those bytes. The ring is a ``collections.deque`` with
 ``maxlen``, so ring eviction is O(1).
@@ -57,6 +60,7 @@ __all__ = [
     "SubscriberLimitExceededError",
     "Subscription",
     "SubscriptionStats",
+    "disconnect_frame",
     "is_valid_epoch",
     "synthetic_frame",
 ]
@@ -150,6 +154,20 @@ def synthetic_frame(event_type: str, data: Any) -> Frame:
     return Frame({"v": EVENT_SCHEMA_VERSION, "type": event_type, "data": data}, None)
 
 
+def disconnect_frame(reason: str) -> Frame:
+    """Build the terminal frame of :meth:`EventBus.disconnect_all` (a ``stream_error``).
+
+    Shape: ``{"v": 1, "type": "stream_error", "data": {"error": "disconnected by the
+    server", "code": "server_disconnect", "reason": reason}}``. It is a ``stream_error``
+    so that every client already treats it as terminal and reconnects after its
+    ``retry`` (SC-12). Never raises.
+    """
+    return synthetic_frame(
+        "stream_error",
+        {"error": "disconnected by the server", "code": "server_disconnect", "reason": reason},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SubscriptionStats:
     """A snapshot of one subscriber's queue (like anyio's ``statistics()``)."""
@@ -205,6 +223,7 @@ class Subscription:
 
     __slots__ = (
         "_bus",
+        "_end_reason",
         "_ended",
         "_evicted",
         "_items",
@@ -212,11 +231,14 @@ class Subscription:
         "_live_count",
         "_waiter",
         "_warned",
+        "label",
         "max_queued",
         "max_queued_bytes",
     )
 
-    def __init__(self, bus: EventBus | None, max_queued: int, max_queued_bytes: int) -> None:
+    def __init__(
+        self, bus: EventBus | None, max_queued: int, max_queued_bytes: int, label: str = "-"
+    ) -> None:
         self._bus = bus
         self._items: deque[_Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -226,6 +248,8 @@ class Subscription:
         self._evicted = False
         # Set once nothing more can be queued; iteration ends when the queue is empty.
         self._ended = bus is None
+        self._end_reason: str | None = None if bus is not None else "closed"
+        self.label = label
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
 
@@ -284,6 +308,7 @@ class Subscription:
         if self._ended:
             return
         self._ended = True
+        self._end_reason = "aborted"
         self._items.clear()
         self._live_count = self._live_bytes = 0
         if self._bus is not None:
@@ -299,6 +324,16 @@ class Subscription:
     def evicted(self) -> bool:
         """Whether the bus evicted this subscriber for overflow (EB-5)."""
         return self._evicted
+
+    @property
+    def end_reason(self) -> str | None:
+        """Why nothing more will be queued, or None while the subscription is attached.
+
+        ``"evicted"`` (EB-5), ``"closed"`` (the bus closed, EB-9; also a subscription
+        returned by a closed bus), ``"disconnected"`` (:meth:`EventBus.disconnect_all`)
+        or ``"aborted"`` (:meth:`abort`, EB-8). Set once; never changes afterwards.
+        """
+        return self._end_reason
 
     def statistics(self) -> SubscriptionStats:
         """Return a snapshot of this queue. Never raises."""
@@ -344,9 +379,10 @@ class Subscription:
         self._wake()
         return None
 
-    def _end(self) -> None:
+    def _end(self, reason: str) -> None:
         """Close with drain: queued frames are still delivered, then iteration ends."""
         self._ended = True
+        self._end_reason = reason
         self._bus = None
         self._wake()
 
@@ -371,6 +407,7 @@ class EventBus:
             ``<= 2**53 - 1``.
         start_id: the first id this bus assigns (``>= 1``); a bus rebuilt after a
             restart starts above every id issued before (spec section 5).
+        name: what log lines call this bus (``session=<name>``): the session id.
 
     Raises:
         ValueError: ``ring_size`` outside ``[1, 1_000_000]`` (the message names the
@@ -386,14 +423,15 @@ class EventBus:
         *,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         start_id: int = 1,
+        name: str = "-",
     ) -> None:
-        for name, value in (
+        for argument, value in (
             ("ring_size", ring_size),
             ("max_subscribers", max_subscribers),
             ("start_id", start_id),
         ):
             if not _is_int(value):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+                raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
         if not 1 <= ring_size <= MAX_EVENT_RING_SIZE:
             raise ValueError(f"ring_size must be in [1, {MAX_EVENT_RING_SIZE:_}], got {ring_size}")
         if max_subscribers < 1:
@@ -408,6 +446,7 @@ class EventBus:
         self.max_subscribers = max_subscribers
         self.max_queued_bytes = max_queued_bytes
         self.start_id = start_id
+        self.name = name
         self._epoch = secrets.token_urlsafe(12)
         self._next_id = start_id
         self._ring: deque[Frame] = deque(maxlen=ring_size)
@@ -555,8 +594,10 @@ class EventBus:
         )
         self._counters.slow_client_warnings += 1
         logger.warning(
-            "slow_client_warning queueSize=%d maxQueued=%d queuedBytes=%d maxQueuedBytes=%d "
-            "threshold=%s lastEventId=%d",
+            "slow_client_warning session=%s subscriber=%s queueSize=%d maxQueued=%d "
+            "queuedBytes=%d maxQueuedBytes=%d threshold=%s lastEventId=%d",
+            self.name,
+            sub.label,
             frames,
             sub.max_queued,
             nbytes,
@@ -593,19 +634,22 @@ class EventBus:
         evictions = self._counters.evictions
         evictions[reason] = evictions.get(reason, 0) + 1
         logger.warning(
-            "client_evicted reason=%s droppedAfter=%s queueSize=%d maxQueued=%d "
-            "queuedBytes=%d maxQueuedBytes=%d",
+            "client_evicted session=%s subscriber=%s reason=%s droppedAfter=%s queueSize=%d "
+            "maxQueued=%d queuedBytes=%d maxQueuedBytes=%d%s",
+            self.name,
+            sub.label,
             reason,
             frame.id,
             sub._live_count,
             sub.max_queued,
             sub._live_bytes,
             sub.max_queued_bytes,
+            f" eventBytes={frame.nbytes}" if reason == "queue_bytes_overflow" else "",
         )
         sub._evicted = True
         sub._force_push(synthetic_frame("client_evicted", data))
         self._subscribers.pop(sub, None)
-        sub._end()
+        sub._end("evicted")
 
     # -- subscribe (EB-6, EB-7) --------------------------------------------------------
 
@@ -615,6 +659,7 @@ class EventBus:
         last_event_id: int | None = None,
         max_queued: int = DEFAULT_MAX_QUEUED,
         epoch: str | None = None,
+        label: str = "-",
     ) -> Subscription:
         """Register a subscriber synchronously and return its :class:`Subscription` (EB-6).
 
@@ -626,6 +671,7 @@ class EventBus:
             max_queued: cap on live frames queued for this subscriber (``>= 1``).
             epoch: the bus epoch the cursor belongs to; a different one means the
                 cursor came from an earlier bus (``epoch_reset``).
+            label: what log lines call this subscriber (``subscriber=<label>``).
 
         Raises:
             SubscriberLimitExceededError: ``subscriber_count >= max_subscribers``;
@@ -639,10 +685,10 @@ class EventBus:
         if last_event_id is not None and (not _is_int(last_event_id) or last_event_id < 0):
             raise ValueError(f"last_event_id must be an int >= 0, got {last_event_id!r}")
         if self._closed:
-            return Subscription(None, max_queued, self.max_queued_bytes)
+            return Subscription(None, max_queued, self.max_queued_bytes, label)
         if len(self._subscribers) >= self.max_subscribers:
             raise SubscriberLimitExceededError(self.max_subscribers)
-        sub = Subscription(self, max_queued, self.max_queued_bytes)
+        sub = Subscription(self, max_queued, self.max_queued_bytes, label)
         if last_event_id is not None:
             self._replay(sub, last_event_id, epoch)
         self._subscribers[sub] = None
@@ -677,7 +723,10 @@ class EventBus:
             resyncs = self._counters.resyncs
             resyncs[resync["reason"]] = resyncs.get(resync["reason"], 0) + 1
             logger.info(
-                "state_resync_required reason=%s lastDeliveredId=%d earliestAvailableId=%d%s",
+                "state_resync_required session=%s subscriber=%s reason=%s lastDeliveredId=%d "
+                "earliestAvailableId=%d%s",
+                self.name,
+                sub.label,
                 resync["reason"],
                 cursor,
                 earliest,
@@ -716,7 +765,35 @@ class EventBus:
         subscribers = list(self._subscribers)
         self._subscribers.clear()
         for sub in subscribers:
-            sub._end()
+            sub._end("closed")
+
+    def disconnect_all(self, reason: str) -> int:
+        """End every subscription now with a terminal frame, like :meth:`close` (EB-9).
+
+        Each attached subscriber gets :func:`disconnect_frame` (``stream_error``, code
+        ``server_disconnect``, carrying ``reason``) after the frames already queued for
+        it; its queue is closed with drain (those frames and the terminal frame are
+        still delivered, then iteration ends, ``end_reason == "disconnected"``) and it
+        is detached at once, so ``subscriber_count`` is 0 when this returns. Unlike
+        :meth:`close`, the bus stays open: ``publish`` and ``subscribe`` go on working
+        and clients may reconnect with their cursor.
+
+        Returns the number of subscribers disconnected (0 on a closed bus). Never raises,
+        never awaits; logs one line when it disconnects anyone.
+        """
+        subscribers = list(self._subscribers)
+        self._subscribers.clear()
+        for sub in subscribers:
+            sub._force_push(disconnect_frame(reason))
+            sub._end("disconnected")
+        if subscribers:
+            logger.info(
+                "subscribers_disconnected session=%s count=%d reason=%s",
+                self.name,
+                len(subscribers),
+                reason,
+            )
+        return len(subscribers)
 
     def __repr__(self) -> str:
         return (
@@ -736,7 +813,9 @@ def _dumps(fields: Mapping[str, Any]) -> bytes | None:
     standard library serializes those (same compact form, non-ASCII kept as UTF-8).
     """
     try:
-        return orjson.dumps(fields)
+        # orjson's bytes keep a 4 KiB allocation however short the JSON; a frame lives in
+        # the ring for thousands of events, so keep an exact-size copy (~0.2 us).
+        return bytes(memoryview(orjson.dumps(fields)))
     except orjson.JSONEncodeError:
         pass
     try:

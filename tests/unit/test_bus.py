@@ -1099,3 +1099,118 @@ async def test_publish_after_consumer_wait_was_cancelled_is_a_live_push():  # EB
             await pending
     assert bus.subscriber_count == 0
     assert [label(f) for f in await drain(sub)] == [1, "slow_client_warning", "client_evicted"]
+
+
+# -- disconnect_all: EB-9 semantics without closing the bus (issue 4) ---------------------
+
+
+async def test_disconnect_all_drains_queued_frames_then_terminal_frame_then_ends():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    publish_n(bus, 2)
+    assert bus.disconnect_all("operator") == 1
+    frames = await drain(sub)
+    assert [label(f) for f in frames] == [1, 2, "stream_error"]
+    data = {"error": "disconnected by the server", "code": "server_disconnect"}
+    assert dict(frames[-1]) == {
+        "v": 1,
+        "type": "stream_error",
+        "data": data | {"reason": "operator"},
+    }
+    assert sub.end_reason == "disconnected"
+
+
+async def test_disconnect_all_detaches_every_subscriber_at_once_and_keeps_the_bus_open():
+    # EB-9 (drain, empty subscriber set) but publish and subscribe go on (EB-2, EB-6)
+    bus = EventBus(3)
+    first, second = bus.subscribe(), bus.subscribe()
+    assert bus.disconnect_all("x") == 2
+    assert (bus.subscriber_count, bus.closed) == (0, False)
+    later = bus.subscribe()
+    publish_n(bus, 1)
+    assert [label(f) for f in await take(later, 1)] == [1]
+    assert [label(f) for f in await drain(first)] == ["stream_error"]
+    assert [label(f) for f in await drain(second)] == ["stream_error"]
+
+
+async def test_disconnect_all_ends_pending_iteration_in_another_task():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    pending = asyncio.create_task(drain(sub))
+    await asyncio.sleep(0)  # one step: the task starts and blocks in __anext__
+    bus.disconnect_all("x")
+    async with asyncio.timeout(1):
+        assert [label(f) for f in await pending] == ["stream_error"]
+
+
+async def test_disconnect_all_logs_one_line_naming_session_and_count(bus_log):
+    bus = EventBus(3, name="s-1")
+    bus.subscribe()
+    bus.disconnect_all("operator")
+    assert_one_line(bus_log)
+    assert bus_log[0].getMessage() == (
+        "subscribers_disconnected session=s-1 count=1 reason=operator"
+    )
+
+
+async def test_disconnect_all_without_subscribers_returns_zero_and_logs_nothing(bus_log):
+    bus = EventBus(3)
+    assert bus.disconnect_all("x") == 0
+    bus.close()
+    assert bus.disconnect_all("x") == 0
+    assert bus_log == []
+
+
+async def test_abort_after_disconnect_keeps_remaining_frames():  # EB-8
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    publish_n(bus, 1)
+    bus.disconnect_all("x")
+    sub.abort()
+    assert [label(f) for f in await drain(sub)] == [1, "stream_error"]
+    assert sub.end_reason == "disconnected"
+
+
+# -- end_reason, and log lines that name the session and the subscriber (issue 4) ---------
+
+
+async def test_end_reason_names_why_the_subscription_ended():  # EB-5, EB-8, EB-9
+    bus = EventBus(3)
+    attached, aborted, evicted, closed = (bus.subscribe(max_queued=n) for n in (9, 9, 1, 9))
+    assert [s.end_reason for s in (attached, aborted, evicted, closed)] == [None] * 4
+    aborted.abort()
+    publish_n(bus, 2)  # the second live frame evicts max_queued=1
+    bus.close()
+    assert (aborted.end_reason, evicted.end_reason) == ("aborted", "evicted")
+    assert (attached.end_reason, closed.end_reason) == ("closed", "closed")
+    assert bus.subscribe().end_reason == "closed"
+
+
+async def test_warning_and_eviction_log_lines_name_session_and_subscriber(bus_log):
+    # EB-4, EB-5: one grep-able line each
+    bus = EventBus(3, name="s-1", max_queued_bytes=1000)
+    bus.subscribe(max_queued=2, label="sub-9")
+    publish_n(bus, 3)
+    warning, evicted = (r.getMessage() for r in bus_log)
+    assert warning.startswith("slow_client_warning session=s-1 subscriber=sub-9 queueSize=2 ")
+    assert evicted.startswith("client_evicted session=s-1 subscriber=sub-9 reason=queue_overflow ")
+    assert "droppedAfter=3 " in evicted
+
+
+async def test_bytes_eviction_log_line_has_the_event_size(bus_log):  # EB-5
+    bus = EventBus(3, name="s", max_queued_bytes=size(1) + 1)
+    bus.subscribe(max_queued=4, label="b")
+    publish_n(bus, 2)
+    assert bus_log[-1].getMessage().endswith(f"eventBytes={size(2)}")
+
+
+async def test_resync_log_line_names_session_and_subscriber(bus_log):  # EB-7
+    bus = EventBus(3, name="s-1")
+    publish_n(bus, 1)
+    bus.subscribe(last_event_id=9, label="sub-2")
+    assert_one_line(bus_log)
+    assert (
+        bus_log[0]
+        .getMessage()
+        .startswith("state_resync_required session=s-1 subscriber=sub-2 reason=epoch_reset ")
+    )

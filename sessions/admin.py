@@ -1,0 +1,439 @@
+"""The admin (``/admin/``): sessions with their live numbers, connections, evictions.
+
+- **Agent sessions**: the list shows, per session, the live subscriber count, last event
+  id, ring fill, events published, slow-client warnings and evictions. For a session
+  whose bus is loaded in this process they come from ``bus.stats()`` (EB-10), read on the
+  server's event loop; otherwise from the counters last saved on its row (marked
+  "saved"). Filters: status, had evictions; search: id, title, owner. The change page
+  shows the live numbers and, newest first, the session's connections and its
+  ``slow_client_warning`` / ``client_evicted`` records with their exact payloads.
+  Actions: close the session, disconnect all its subscribers.
+- **Subscriber connections** and **subscriber incidents**: read-only lists of the records
+  written by :mod:`sessions.records` (filters, search).
+
+Concurrency model
+    The admin's views are synchronous: Django runs them in a worker thread. They never
+    touch a bus (EB-11): live numbers and actions are run on the server's loop through
+    :func:`sessions.runtime.call_on_server_loop` / :func:`sessions.runtime.run_on_server_loop`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Final
+
+from django.contrib import admin, messages
+from django.db.models import Q, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from sessions import runtime
+from sessions.bus import BusStats
+from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
+
+__all__ = [
+    "AgentSessionAdmin",
+    "HadEvictionsFilter",
+    "SubscriberConnectionAdmin",
+    "SubscriberIncidentAdmin",
+]
+
+logger = logging.getLogger("qwenweb.admin")
+
+INLINE_LIMIT: Final = 50
+"""Rows shown per inline on the session page (the full lists are one click away)."""
+LIVE_TIMEOUT_S: Final = 5.0
+
+
+def _live_stats(request: HttpRequest, session_ids: Any = None) -> Mapping[str, BusStats]:
+    """``bus.stats()`` of the loaded sessions, read on the server loop; {} if unavailable."""
+    try:
+        stats: Mapping[str, BusStats] = runtime.call_on_server_loop(
+            lambda: runtime.live_stats(session_ids), default={}, timeout_s=LIVE_TIMEOUT_S
+        )
+    except TimeoutError:
+        messages.warning(request, "The server loop did not answer: numbers are the saved ones.")
+        return {}
+    return stats
+
+
+def _ring_fill(stats: BusStats) -> str:
+    percent = 100 * stats.ring_length / stats.ring_size if stats.ring_size else 0
+    return f"{stats.ring_length:,} / {stats.ring_size:,} ({percent:.0f}%)"
+
+
+def _per_reason(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "0"
+
+
+def _pretty_json(raw: str) -> str:
+    try:
+        return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
+    except ValueError:
+        return raw
+
+
+# -- filters and inlines ----------------------------------------------------------------
+
+
+class HadEvictionsFilter(admin.SimpleListFilter):
+    """Sessions with at least one eviction: saved counter or a recorded ``client_evicted``."""
+
+    title = "had evictions"
+    parameter_name = "evictions"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        had = Q(evictions__gt=0) | Q(incidents__kind=SubscriberIncident.Kind.CLIENT_EVICTED)
+        if self.value() == "yes":
+            return queryset.filter(had).distinct()
+        if self.value() == "no":
+            return queryset.exclude(pk__in=AgentSession.objects.filter(had).values("pk")).distinct()
+        return queryset
+
+
+class _NewestFirstFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
+    """An inline formset that shows only the :data:`INLINE_LIMIT` newest rows."""
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if not hasattr(self, "_newest"):
+            queryset = super().get_queryset()
+            newest = list(queryset.values_list("pk", flat=True)[:INLINE_LIMIT])
+            self._newest = queryset.filter(pk__in=newest)
+        return self._newest
+
+
+class _ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
+    formset = _NewestFirstFormSet
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ConnectionInline(_ReadOnlyInline):
+    """The session's subscriber connections, newest first."""
+
+    model = SubscriberConnection
+    ordering = ("-opened_at",)
+    verbose_name_plural = f"connections (the {INLINE_LIMIT} newest)"
+    fields = (
+        "opened_at",
+        "closed_at",
+        "subject",
+        "client_addr",
+        "client_id",
+        "max_queued",
+        "frames_sent",
+        "bytes_sent",
+        "end_reason",
+        "end_detail",
+    )
+    readonly_fields = fields
+
+
+class IncidentInline(_ReadOnlyInline):
+    """The session's ``slow_client_warning`` and ``client_evicted`` records, newest first."""
+
+    model = SubscriberIncident
+    ordering = ("-at",)
+    verbose_name_plural = f"slow-client warnings and evictions (the {INLINE_LIMIT} newest)"
+    fields = ("at", "kind", "reason", "event_id", "connection", "payload_json")
+    readonly_fields = fields
+
+    @admin.display(description="payload (exactly as sent)")
+    def payload_json(self, obj: SubscriberIncident) -> str:
+        return format_html('<code class="qw-payload">{}</code>', obj.payload)
+
+
+# -- sessions -----------------------------------------------------------------------------
+
+
+@admin.register(AgentSession)
+class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Sessions with live numbers (see the module docstring)."""
+
+    list_filter = ("status", HadEvictionsFilter)
+    search_fields = ("id", "title", "owner__username")
+    list_select_related = ("owner",)
+    ordering = ("-created_at",)
+    actions = ("close_sessions", "disconnect_all_subscribers")
+    inlines = (IncidentInline, ConnectionInline)
+    fieldsets = (
+        (None, {"fields": ("id", "title", "owner", "status", "created_at", "closed_at", "links")}),
+        ("Live", {"fields": ("live_numbers",)}),
+        (
+            "Saved counters",
+            {
+                "description": "As last written by the server (at id reservations, close and "
+                "shutdown); the numbers shown when the bus is not loaded.",
+                "fields": (
+                    "ring_size",
+                    "last_event_id",
+                    "events_published",
+                    "slow_client_warnings",
+                    "evictions",
+                    "peak_subscribers",
+                    "event_id_reserved",
+                    "bus_starts",
+                ),
+            },
+        ),
+    )
+    readonly_fields = (
+        "id",
+        "owner",
+        "status",
+        "created_at",
+        "closed_at",
+        "links",
+        "live_numbers",
+        "ring_size",
+        "last_event_id",
+        "events_published",
+        "slow_client_warnings",
+        "evictions",
+        "peak_subscribers",
+        "event_id_reserved",
+        "bus_starts",
+    )
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("qwenweb/dashboard-admin.css",)}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions are created through the API (POST /session)
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        """The columns, with the live numbers read once for the whole page."""
+        stats = _live_stats(request)
+
+        def live(
+            name: str, description: str, saved: Callable[[AgentSession], Any]
+        ) -> Callable[[AgentSession], Any]:
+            def column(obj: AgentSession) -> Any:
+                current = stats.get(obj.id)
+                return _LIVE_VALUES[name](current) if current is not None else saved(obj)
+
+            column.short_description = description  # type: ignore[attr-defined]
+            column.__name__ = name
+            return column
+
+        def source(obj: AgentSession) -> str:
+            return "live" if obj.id in stats else "saved"
+
+        source.short_description = "source"  # type: ignore[attr-defined]
+        return [
+            "__str__",
+            "status",
+            "created_at",
+            source,
+            live("subscribers", "subscribers", lambda obj: 0),
+            live("last_event", "last event id", lambda obj: obj.last_event_id),
+            live("ring", "ring fill", lambda obj: "—"),
+            live("published", "published", lambda obj: obj.events_published),
+            live("warnings", "warnings", lambda obj: obj.slow_client_warnings),
+            live("evicted", "evictions", lambda obj: obj.evictions),
+            "page",
+        ]
+
+    @admin.display(description="open")
+    def page(self, obj: AgentSession) -> str:
+        return format_html('<a href="{}">page</a>', reverse("session-page", args=[obj.id]))
+
+    @admin.display(description="live numbers (bus.stats())")
+    def live_numbers(self, obj: AgentSession) -> str:
+        """The loaded bus's statistics snapshot as a small table, or a note if not loaded."""
+        stats = _live_stats_quiet(obj.id)
+        if stats is None:
+            return "not loaded in this process: the saved counters below are the latest"
+        rows = [
+            ("subscribers", stats.subscriber_count),
+            ("peak subscribers", stats.peak_subscribers),
+            ("last event id", stats.last_event_id),
+            ("ring fill", _ring_fill(stats)),
+            ("earliest id in ring", stats.earliest_id if stats.earliest_id is not None else "—"),
+            ("events published", stats.published),
+            ("slow-client warnings", stats.slow_client_warnings),
+            ("evictions", _per_reason(stats.evictions)),
+            ("resyncs", _per_reason(stats.resyncs)),
+            ("replayed frames", stats.replayed_frames),
+            ("epoch", stats.epoch),
+        ]
+        return format_html(
+            '<table class="qw-live">{}</table>',
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="links")
+    def links(self, obj: AgentSession) -> str:
+        return format_html(
+            '<a href="{}">session page</a> · <a href="{}">dashboard</a> · '
+            '<a href="{}">connections</a> · <a href="{}">incidents</a>',
+            reverse("session-page", args=[obj.id]),
+            reverse("dashboard"),
+            reverse("admin:agent_sessions_subscriberconnection_changelist")
+            + f"?session__id__exact={obj.id}",
+            reverse("admin:agent_sessions_subscriberincident_changelist")
+            + f"?session__id__exact={obj.id}",
+        )
+
+    @admin.action(description="Close the selected sessions", permissions=["change"])
+    def close_sessions(self, request: HttpRequest, queryset: QuerySet[AgentSession]) -> None:
+        """Close each open session as ``POST /session/<id>/close`` does (on the server loop)."""
+        by = request.user.get_username()
+        closed = 0
+        for row in queryset.filter(status=AgentSession.Status.OPEN):
+            try:
+                runtime.run_on_server_loop(
+                    functools.partial(
+                        runtime.close_session, row.id, reason="operator", closed_by=by
+                    )
+                )
+            except runtime.ServerLoopUnavailableError:
+                # No bus was ever built in this process, so nobody is subscribed here.
+                AgentSession.objects.filter(pk=row.id, status=AgentSession.Status.OPEN).update(
+                    status=AgentSession.Status.CLOSED, closed_at=timezone.now()
+                )
+            except runtime.SessionClosedError:
+                continue
+            closed += 1
+            logger.info("admin_session_closed session=%s by=%s", row.id, by)
+        self.message_user(request, f"Closed {closed} session(s).", messages.SUCCESS)
+
+    @admin.action(
+        description="Disconnect all subscribers of the selected sessions", permissions=["change"]
+    )
+    def disconnect_all_subscribers(
+        self, request: HttpRequest, queryset: QuerySet[AgentSession]
+    ) -> None:
+        """End every subscriber with a terminal ``stream_error`` (``bus.disconnect_all``).
+
+        Clients reconnect by themselves after their ``retry``; the sessions stay open.
+        """
+        by = request.user.get_username()
+        total = 0
+        for row in queryset:
+            try:
+                count = runtime.run_on_server_loop(
+                    functools.partial(
+                        runtime.disconnect_subscribers, row.id, reason=f"operator {by}"
+                    )
+                )
+            except runtime.ServerLoopUnavailableError:
+                count = 0
+            total += count
+            logger.info(
+                "admin_subscribers_disconnected session=%s count=%d by=%s", row.id, count, by
+            )
+        self.message_user(request, f"Disconnected {total} subscriber(s).", messages.SUCCESS)
+
+
+def _live_stats_quiet(session_id: str) -> BusStats | None:
+    empty: dict[str, BusStats] = {}
+    try:
+        stats = runtime.call_on_server_loop(
+            lambda: runtime.live_stats([session_id]), default=empty, timeout_s=LIVE_TIMEOUT_S
+        )
+    except TimeoutError:
+        return None
+    return stats.get(session_id)
+
+
+_LIVE_VALUES: Final[dict[str, Callable[[BusStats], Any]]] = {
+    "subscribers": lambda s: s.subscriber_count,
+    "last_event": lambda s: s.last_event_id,
+    "ring": _ring_fill,
+    "published": lambda s: s.published,
+    "warnings": lambda s: s.slow_client_warnings,
+    "evicted": lambda s: sum(s.evictions.values()),
+}
+
+
+# -- records --------------------------------------------------------------------------------
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class IncidentOfConnectionInline(_ReadOnlyInline):
+    model = SubscriberIncident
+    fk_name = "connection"
+    ordering = ("-at",)
+    fields = ("at", "kind", "reason", "event_id", "payload")
+    readonly_fields = fields
+    show_change_link = True
+
+
+@admin.register(SubscriberConnection)
+class SubscriberConnectionAdmin(_ReadOnlyAdmin):
+    """Every recorded subscriber connection (read-only)."""
+
+    list_display = (
+        "opened_at",
+        "session",
+        "subject",
+        "auth",
+        "client_addr",
+        "client_id",
+        "frames_sent",
+        "bytes_sent",
+        "closed_at",
+        "end_reason",
+        "end_detail",
+    )
+    list_filter = ("end_reason", "auth", "opened_at")
+    search_fields = ("=id", "=session__id", "session__title", "subject", "client_id", "client_addr")
+    list_select_related = ("session",)
+    date_hierarchy = "opened_at"
+    inlines = (IncidentOfConnectionInline,)
+    readonly_fields = ("end_payload_pretty",)
+
+    @admin.display(description="terminal frame payload (pretty-printed)")
+    def end_payload_pretty(self, obj: SubscriberConnection) -> str:
+        if not obj.end_payload:
+            return "—"
+        return format_html("<pre>{}</pre>", _pretty_json(obj.end_payload))
+
+
+@admin.register(SubscriberIncident)
+class SubscriberIncidentAdmin(_ReadOnlyAdmin):
+    """Every recorded ``slow_client_warning`` and ``client_evicted`` (read-only)."""
+
+    list_display = ("at", "kind", "reason", "event_id", "session", "connection")
+    list_filter = ("kind", "reason", "at")
+    search_fields = ("=session__id", "=connection__id", "session__title")
+    list_select_related = ("session", "connection")
+    date_hierarchy = "at"
+    readonly_fields = ("payload_pretty",)
+
+    @admin.display(description="payload (pretty-printed)")
+    def payload_pretty(self, obj: SubscriberIncident) -> str:
+        return format_html("<pre>{}</pre>", _pretty_json(obj.payload))
+
+
+admin.site.site_header = "qwenweb operators"
+admin.site.site_title = "qwenweb admin"
+admin.site.index_title = "Sessions, subscribers and evictions"
+admin.site.enable_nav_sidebar = False  # the session list needs the width for its numbers

@@ -1,0 +1,442 @@
+"""The operator dashboard: ``/`` for staff, kept live by django-eventstream.
+
+Routes (appended to ``sessions/urls.py``):
+
+- ``GET /`` — staff: the dashboard (``templates/dashboard.html``,
+  ``static/qwenweb/dashboard.js`` and ``.css``): every session with its live counters,
+  plots of events per second and subscribers over the last five minutes, and the latest
+  activity. Everyone else gets :data:`sessions.pages.home` (the redirect to their session
+  list, which sends anonymous users to the login page): no dashboard.
+- ``GET /ops/events/`` — the operator channel as Server-Sent Events (django-eventstream's
+  view, served by Django's ``ASGIHandler``: fine for a few staff dashboards, unlike the
+  session streams, which must not pin a thread each). Staff only: everyone else gets a
+  403 JSON error, and :class:`OperatorChannelManager` refuses them the channel as well
+  (``EVENTSTREAM_CHANNELMANAGER_CLASS``).
+- ``GET /ops/sessions/<id>/records`` — staff only: the session's connection and incident
+  records as JSON (what the admin shows).
+
+Events on the channel (SSE ``event:`` types; ``data`` is JSON):
+
+- ``stats`` — ``{"t": <ms>, "tick": bool, "sessions": [{"id", "title", "status",
+  "subscribers", "lastEventId", "published", "warnings", "evictions", "ringLength",
+  "ringSize", "peakSubscribers"}]}`` for every session loaded in this process: each
+  second (``tick`` true: a point of the plots) and right after any activity (false).
+- ``activity`` — ``{"t": <ms>, "items": [{"kind", "session", "t", ...}]}``; kinds:
+  ``session_opened`` (created), ``session_closed``, ``subscriber_joined``,
+  ``subscriber_left`` (with ``reason``), ``slow_client_warning`` and ``client_evicted``
+  (with the frame's ``data``). Sent at most every :data:`ACTIVITY_DELAY_S`.
+
+Concurrency model
+    :class:`OperatorFeed` belongs to the server's event loop, like the buses whose
+    ``stats()`` it samples (EB-10, EB-11). ``note()`` is called on the loop (records,
+    runtime) and never awaits, touches the database or raises; other threads use
+    :func:`notify_threadsafe`. django-eventstream's ``send_event`` is called on the loop
+    with no event storage (``is_channel_reliable`` is False), so publishing to the channel
+    writes nothing to the database. The sync views read live numbers through
+    :func:`sessions.runtime.call_on_server_loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from typing import Any, Final
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models.signals import post_save
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+from django_eventstream import send_event
+from django_eventstream.channelmanager import ChannelManagerBase
+
+from sessions import runtime
+from sessions.bus import BusStats
+from sessions.models import AgentSession, normalize_session_id
+from sessions.views import error_response
+
+__all__ = [
+    "ACTIVITY_DELAY_S",
+    "HISTORY_S",
+    "OPERATOR_CHANNEL",
+    "TICK_S",
+    "OperatorChannelManager",
+    "OperatorFeed",
+    "feed",
+    "home",
+    "notify_threadsafe",
+    "operator_events",
+    "session_records",
+]
+
+logger = logging.getLogger("qwenweb.dashboard")
+
+OPERATOR_CHANNEL: Final = "operators"
+TICK_S: Final = 1.0
+"""Seconds between two ``stats`` samples (and points of the plots)."""
+HISTORY_S: Final = 300
+"""Seconds of history kept for the plots."""
+ACTIVITY_DELAY_S: Final = 0.1
+"""Activity is sent this long after it happened, batched (django-eventstream queues at
+most 10 events per listener between two reads)."""
+RECENT_ACTIVITY: Final = 50
+MAX_LISTED_SESSIONS: Final = 200
+RECORDS_LIMIT: Final = 200
+
+
+def _is_staff(user: AbstractBaseUser | AnonymousUser | None) -> bool:
+    return bool(user is not None and user.is_active and getattr(user, "is_staff", False))
+
+
+class OperatorChannelManager(ChannelManagerBase):  # type: ignore[misc]  # untyped package
+    """django-eventstream's permission hook: one channel, for active staff users only.
+
+    Whatever the request asks for (``?channel=``), it gets :data:`OPERATOR_CHANNEL`, and
+    only staff may read it; the channel keeps no event storage.
+    """
+
+    def get_channels_for_request(self, request: HttpRequest, view_kwargs: Any) -> set[str]:
+        return {OPERATOR_CHANNEL}
+
+    def can_read_channel(self, user: AbstractBaseUser | None, channel: str) -> bool:
+        return channel == OPERATOR_CHANNEL and _is_staff(user)
+
+    def is_channel_reliable(self, channel: str) -> bool:
+        return False
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _session_stats(session_id: str, title: str, stats: BusStats) -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "title": title,
+        "status": "closed" if stats.closed else "open",
+        "subscribers": stats.subscriber_count,
+        "lastEventId": stats.last_event_id,
+        "published": stats.published,
+        "warnings": stats.slow_client_warnings,
+        "evictions": sum(stats.evictions.values()),
+        "ringLength": stats.ring_length,
+        "ringSize": stats.ring_size,
+        "peakSubscribers": stats.peak_subscribers,
+    }
+
+
+class OperatorFeed:
+    """Sample the loaded buses each second and publish to the operator channel.
+
+    Keeps :data:`HISTORY_S` seconds of totals (``[t_ms, published, subscribers]``) and
+    of each loaded session, and the :data:`RECENT_ACTIVITY` latest activity items, so a
+    dashboard opened now starts with full plots.
+    """
+
+    def __init__(self, *, tick_s: float = TICK_S, history_s: int = HISTORY_S) -> None:
+        self.tick_s = tick_s
+        self._points = max(2, int(history_s / tick_s))
+        self._history: deque[tuple[int, int, int]] = deque(maxlen=self._points)
+        self._session_history: dict[str, deque[tuple[int, int, int]]] = {}
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ACTIVITY)
+        self._pending: list[dict[str, Any]] = []
+        self._soon: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def note(self, kind: str, session_id: str, **fields: Any) -> None:
+        """Queue one activity item; it goes out within :data:`ACTIVITY_DELAY_S`.
+
+        Call on the server's loop. Never raises, never awaits; without a running
+        loop the item is only kept for the next dashboard page.
+        """
+        item = {"kind": kind, "session": session_id, "t": _now_ms(), **fields}
+        self._recent.append(item)
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._pending.append(item)
+        if self._soon is None:
+            self._soon = self._loop.call_later(ACTIVITY_DELAY_S, self._send_activity)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start sampling on ``loop`` (the server's) unless it runs there already."""
+        if self._loop is loop and self._task is not None and not self._task.done():
+            return
+        self._loop = loop
+        self._soon = None
+        self._task = loop.create_task(self.run(), name="qwenweb-operator-feed")
+
+    def stop(self) -> None:
+        """Stop sampling and forget history and activity (tests). Never raises."""
+        if self._task is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._soon is not None:
+            self._soon.cancel()
+        self._task = self._loop = self._soon = None
+        self._history.clear()
+        self._session_history.clear()
+        self._recent.clear()
+        self._pending.clear()
+
+    async def run(self) -> None:
+        """Sample and publish every ``tick_s`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(self.tick_s)  # a clock, not a wait for a cause
+            try:
+                self.tick()
+            except Exception:  # a dashboard must never take the loop down
+                logger.exception("operator_feed_tick_failed")
+
+    def tick(self) -> list[dict[str, Any]]:
+        """Take one sample of every loaded bus, keep it, publish ``stats``; return rows."""
+        now = _now_ms()
+        rows = self.sample()
+        self._history.append(
+            (now, sum(r["published"] for r in rows), sum(r["subscribers"] for r in rows))
+        )
+        live_ids = set()
+        for row in rows:
+            live_ids.add(row["id"])
+            history = self._session_history.get(row["id"])
+            if history is None:
+                history = self._session_history[row["id"]] = deque(maxlen=self._points)
+            history.append((now, row["published"], row["subscribers"]))
+        for gone in set(self._session_history) - live_ids:
+            del self._session_history[gone]
+        _send("stats", {"t": now, "tick": True, "sessions": rows})
+        return rows
+
+    def sample(self) -> list[dict[str, Any]]:
+        """Return the ``stats`` rows of every session loaded in this process (on the loop)."""
+        return [
+            _session_stats(live.session_id, live.title, live.bus.stats())
+            for live in runtime.registry.values()
+        ]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return what a dashboard page starts from (on the loop): rows, plots, activity.
+
+        Shape: ``{"t", "sessions": [stats rows], "history": [[t_ms, published,
+        subscribers]], "sessionHistory": {id: [[t_ms, published, subscribers]]},
+        "activity": [items, oldest first]}``.
+        """
+        return {
+            "t": _now_ms(),
+            "sessions": self.sample(),
+            "history": [list(point) for point in self._history],
+            "sessionHistory": {
+                sid: [list(point) for point in points]
+                for sid, points in self._session_history.items()
+            },
+            "activity": list(self._recent),
+        }
+
+    def _send_activity(self) -> None:
+        self._soon = None
+        items, self._pending = self._pending, []
+        if items:
+            _send("activity", {"t": _now_ms(), "items": items})
+            _send("stats", {"t": _now_ms(), "tick": False, "sessions": self.sample()})
+
+
+def _send(event_type: str, payload: dict[str, Any]) -> None:
+    """Publish on the operator channel: in-memory fan-out to its listeners, no storage."""
+    try:
+        send_event(OPERATOR_CHANNEL, event_type, orjson.dumps(payload).decode(), json_encode=False)
+    except Exception:
+        logger.exception("operator_feed_send_failed type=%s", event_type)
+
+
+feed = OperatorFeed()
+"""The process-wide operator feed."""
+
+
+def notify_threadsafe(kind: str, session_id: str, **fields: Any) -> None:
+    """Hand an activity item to :data:`feed` on the server's loop, from any thread.
+
+    Does nothing when this process has no server loop yet (then no dashboard can be
+    connected to it either). Never raises, never waits.
+    """
+    runtime.call_soon_on_server_loop(functools.partial(feed.note, kind, session_id, **fields))
+
+
+# -- views -------------------------------------------------------------------------------
+
+
+def _staff_error(user: Any) -> JsonResponse | None:
+    """A 403 JSON error unless ``user`` is active staff (anonymous users included: a 401
+    would need a ``WWW-Authenticate`` challenge, and the login here is a form)."""
+    if not _is_staff(user):
+        return error_response(403, "forbidden", "operators only: log in as a staff user")
+    return None
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    """``GET /``: the dashboard for staff; :data:`sessions.pages.home` for everyone else.
+
+    Context ``dashboard_config`` (JSON for the script): ``{"feedUrl", "urls":
+    {"sessionPage", "sessionAdmin"}`` (with ``00000000-0000-0000-0000-000000000000`` in
+    place of the id), ``"tickS", "historyS", "sessions": [rows], "history",
+    "sessionHistory", "activity"}``; rows merge the database row with the live
+    ``stats()`` of a loaded bus (``"live": true``), else the counters last saved.
+    """
+    if not _is_staff(request.user):
+        from sessions import pages  # the other pages of the site; imported on demand
+
+        response: HttpResponse = pages.home(request)  # type: ignore[assignment]
+        return response
+    try:
+        live = runtime.call_on_server_loop(feed.snapshot, default=None)
+    except TimeoutError:  # a stuck loop must not take the page down: show saved numbers
+        logger.warning("dashboard_live_numbers_unavailable reason=timeout")
+        live = None
+    live_rows = {row["id"]: row for row in (live or {}).get("sessions", [])}
+    rows = []
+    for row in AgentSession.objects.select_related("owner").order_by("-created_at")[
+        :MAX_LISTED_SESSIONS
+    ]:
+        rows.append(_dashboard_row(row, live_rows.pop(row.id, None)))
+    placeholder = "00000000-0000-0000-0000-000000000000"
+    config = {
+        "feedUrl": reverse("operator-events"),
+        "urls": {
+            "sessionPage": reverse("session-page", args=[placeholder]),
+            "sessionAdmin": reverse("admin:agent_sessions_agentsession_change", args=[placeholder]),
+        },
+        "placeholder": placeholder,
+        "tickS": TICK_S,
+        "historyS": HISTORY_S,
+        "sessions": rows,
+        "history": (live or {}).get("history", []),
+        "sessionHistory": (live or {}).get("sessionHistory", {}),
+        "activity": (live or {}).get("activity", []),
+    }
+    return render(
+        request,
+        "dashboard.html",
+        {"dashboard_config": config, "sessions": rows, "max_listed": MAX_LISTED_SESSIONS},
+    )
+
+
+def _dashboard_row(row: AgentSession, live: dict[str, Any] | None) -> dict[str, Any]:
+    base = {
+        "id": row.id,
+        "title": row.title,
+        "owner": row.owner.get_username() if row.owner else "",
+        "createdAt": row.created_at.isoformat(),
+        "status": row.status,
+        "live": live is not None,
+    }
+    if live is not None:
+        return {**base, **{k: v for k, v in live.items() if k not in ("id", "title")}}
+    return {
+        **base,
+        "subscribers": 0,
+        "lastEventId": row.last_event_id,
+        "published": row.events_published,
+        "warnings": row.slow_client_warnings,
+        "evictions": row.evictions,
+        "ringLength": None,
+        "ringSize": row.ring_size,
+        "peakSubscribers": row.peak_subscribers,
+    }
+
+
+@require_GET
+async def operator_events(request: HttpRequest) -> HttpResponse:
+    """``GET /ops/events/``: the operator channel (django-eventstream), staff only.
+
+    403 JSON otherwise. Captures the server loop (so the feed samples even before
+    any bus is built) and hands over to django-eventstream's ``events`` view.
+    """
+    user = await request.auser()
+    refused = _staff_error(user)
+    if refused is not None:
+        logger.warning(
+            "operator_feed_refused status=%d user=%s",
+            refused.status_code,
+            user.get_username() or "-",
+        )
+        return refused
+    runtime.attach_server_loop()
+    from django_eventstream.views import events
+
+    response: HttpResponse = await sync_to_async(events)(request, channels=[OPERATOR_CHANNEL])
+    return response
+
+
+@require_GET
+def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
+    """``GET /ops/sessions/<id>/records``: the records of one session, newest first.
+
+    Staff only (403 JSON otherwise). Shape: ``{"session": id, "connections": [{"id",
+    "auth", "subject", "clientAddr", "userAgent", "clientId", "maxQueued",
+    "resumedFrom", "openedAt", "closedAt", "framesSent", "bytesSent", "endReason",
+    "endDetail", "endPayload"}], "incidents": [{"id", "connection", "kind", "reason",
+    "eventId", "at", "payload"}]}`` — at most 200 of each. ``payload`` and
+    ``endPayload`` are the exact JSON text the client received. 404 unknown session.
+    """
+    refused = _staff_error(request.user)
+    if refused is not None:
+        return refused
+    normalized = normalize_session_id(session_id)
+    row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
+    if row is None:
+        raise Http404("unknown session")
+    connections = [
+        {
+            "id": str(c.id),
+            "auth": c.auth,
+            "subject": c.subject,
+            "clientAddr": c.client_addr,
+            "userAgent": c.user_agent,
+            "clientId": c.client_id,
+            "maxQueued": c.max_queued,
+            "resumedFrom": c.resumed_from,
+            "openedAt": c.opened_at.isoformat(),
+            "closedAt": c.closed_at.isoformat() if c.closed_at else None,
+            "framesSent": c.frames_sent,
+            "bytesSent": c.bytes_sent,
+            "endReason": c.end_reason,
+            "endDetail": c.end_detail,
+            "endPayload": c.end_payload,
+        }
+        for c in row.connections.order_by("-opened_at")[:RECORDS_LIMIT]
+    ]
+    incidents = [
+        {
+            "id": str(i.id),
+            "connection": str(i.connection_id),
+            "kind": i.kind,
+            "reason": i.reason,
+            "eventId": i.event_id,
+            "at": i.at.isoformat(),
+            "payload": i.payload,
+        }
+        for i in row.incidents.order_by("-at")[:RECORDS_LIMIT]
+    ]
+    return JsonResponse({"session": row.id, "connections": connections, "incidents": incidents})
+
+
+def _session_saved(
+    sender: type[AgentSession], instance: AgentSession, created: bool, **_: Any
+) -> None:
+    """``post_save``: tell the dashboards a session was created (``session_opened``)."""
+    if created:
+        notify_threadsafe(
+            "session_opened",
+            instance.id,
+            title=instance.title,
+            status=instance.status,
+            createdAt=instance.created_at.isoformat(),
+        )
+
+
+post_save.connect(_session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created")

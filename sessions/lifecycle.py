@@ -1,0 +1,183 @@
+"""Start and stop the operator machinery with the server's event loop (issue 4).
+
+:func:`loop_attached` runs once per server loop (from
+:func:`sessions.runtime.attach_server_loop`): it starts the records writer
+(:data:`sessions.records.recorder`) and the dashboard feed (:data:`sessions.dashboard.feed`)
+on that loop and installs the shutdown hooks below.
+
+What "never lose them on a clean shutdown" means here
+    A *clean shutdown* is the server process asked to stop with SIGINT or SIGTERM and
+    allowed to finish: ``python -m qwenweb.serve``, ``manage.py runserver`` and
+    ``daphne`` (Twisted), and uvicorn. Not ``kill -9``, not a crash, not a power cut:
+    those lose at most the last ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
+
+    On a clean shutdown every record change made before the process exits is in the
+    database when it exits — including the end of every stream that was still open,
+    recorded as ``server_shutdown``. The bus counters of every loaded session are saved
+    on its row too (:func:`sessions.runtime.flush_all`), so the admin's fallback numbers
+    are the final ones. The sequence, :func:`shutdown`, runs on the loop:
+
+    1. wait until every open stream has recorded its end, at most
+       :data:`SHUTDOWN_TIMEOUT_S`; close those still open as ``server_shutdown``;
+    2. write every pending record, then save each loaded session's counters.
+
+    How the streams come to an end, and where the sequence is hooked:
+
+    - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
+      trigger cancels every application instance (each stream records
+      ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
+      trigger, runs the sequence, and the reactor waits for both before it stops.
+    - Any other server that installed SIGINT/SIGTERM handlers (uvicorn): ours wraps
+      them. On the first signal it ends every stream with a terminal frame
+      (``bus.disconnect_all("server_shutdown")``: clients reconnect after ``retry``),
+      runs the sequence, and only then calls the server's own handler, so the server
+      starts its shutdown with everything written. A second signal goes to the server
+      at once (uvicorn: force quit). uvicorn must be told to stop this way because after
+      a SIGTERM it re-raises the signal with its default action, which ends the process
+      without running ``atexit``.
+    - In every case, an ``atexit`` hook writes whatever is still pending synchronously,
+      closing any connection still open as ``server_shutdown``
+      (:meth:`Recorder.flush_sync <sessions.records.Recorder.flush_sync>`).
+
+:data:`enabled` is False in the in-process test suite (its per-test loops must not write
+records at teardown); tests of this module turn it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any, Final
+
+from sessions import dashboard, records, runtime
+
+__all__ = ["SHUTDOWN_TIMEOUT_S", "enabled", "flush_at_exit", "loop_attached", "shutdown"]
+
+logger = logging.getLogger("qwenweb.lifecycle")
+
+SHUTDOWN_TIMEOUT_S: Final = 10.0
+"""Upper bound of the wait for the streams to record their end at shutdown."""
+
+enabled = True
+"""Whether :func:`loop_attached` starts anything (False in the in-process tests)."""
+
+_atexit_registered = False
+_hooked_loops: set[int] = set()
+_signalled = False
+
+
+def loop_attached(loop: asyncio.AbstractEventLoop) -> None:
+    """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
+
+    Idempotent per loop. Never raises for a running loop.
+    """
+    global _atexit_registered
+    if not enabled:
+        return
+    records.recorder.start(loop)
+    dashboard.feed.start(loop)
+    if id(loop) in _hooked_loops:
+        return
+    _hooked_loops.add(id(loop))
+    if not _atexit_registered:
+        atexit.register(flush_at_exit)
+        _atexit_registered = True
+    if not _hook_twisted(loop):
+        _hook_signals(loop)
+
+
+async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
+    """The clean-shutdown sequence on the loop (see the module docstring). Never raises.
+
+    With ``end_streams``, first end every subscriber of every loaded bus with a terminal
+    frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
+    streams themselves. From here on, streams record their end as ``server_shutdown``.
+    """
+    records.recorder.shutting_down = True
+    try:
+        if end_streams:
+            for live in runtime.registry.values():
+                live.bus.disconnect_all("server_shutdown")
+        written = await records.recorder.drain(timeout_s)
+        await runtime.flush_all()
+        logger.info("shutdown_flushed records=%d sessions=%d", written, len(runtime.registry))
+    except Exception:
+        logger.exception("shutdown_flush_failed")
+
+
+def flush_at_exit() -> None:
+    """``atexit``: write what is still pending, in this thread (no loop runs any more)."""
+    written = records.recorder.flush_sync()
+    if written:
+        logger.info("exit_flushed records=%d", written)
+
+
+def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
+    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return False
+    from twisted.internet import reactor as installed
+    from twisted.internet.defer import Deferred
+
+    reactor: Any = installed  # zope interfaces confuse mypy about `self`
+    if not reactor.running or getattr(reactor, "_asyncioEventloop", None) is not loop:
+        return False
+
+    def before_shutdown() -> Any:
+        return Deferred.fromFuture(loop.create_task(shutdown()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+    return True
+
+
+def _hook_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """Run :func:`shutdown` before the server's own SIGINT/SIGTERM handlers (uvicorn).
+
+    Only on the main thread, and only for a signal whose current handler a server
+    installed (a Python callable other than ``signal.default_int_handler``); the
+    defaults and ``SIG_IGN`` are left alone (``atexit`` covers a plain Ctrl-C).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if callable(previous) and previous is not signal.default_int_handler:
+            signal.signal(sig, _chained_handler(loop, previous))
+
+
+def _chained_handler(loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
+    """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
+    ``previous`` once it is done; a later one calls ``previous`` at once."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        global _signalled
+        if _signalled or loop.is_closed():
+            previous(signum, frame)
+            return
+        _signalled = True
+        # Only hand over to the loop here: a handler may interrupt any code of this thread.
+        loop.call_soon_threadsafe(_start_shutdown, loop, previous, signum)
+
+    return handler
+
+
+def _start_shutdown(loop: asyncio.AbstractEventLoop, previous: Any, signum: int) -> None:
+    logger.info("shutdown_started signal=%s", signal.Signals(signum).name)
+
+    async def sequence() -> None:
+        try:
+            await shutdown(end_streams=True)
+        finally:
+            previous(signum, None)  # now let the server shut down
+
+    task = loop.create_task(sequence(), name="qwenweb-shutdown")
+    _shutdown_tasks.add(task)
+    task.add_done_callback(_shutdown_tasks.discard)
+
+
+_shutdown_tasks: set[asyncio.Task[None]] = set()

@@ -1,0 +1,583 @@
+"""Operator records: one row per subscriber connection, one per warning and eviction.
+
+What is recorded (``sessions.models``)
+    :class:`~sessions.models.SubscriberConnection` — who (login user or token subject),
+    from where (client address, ``User-Agent``, ``X-Client-Id``), when (opened, closed),
+    how much (frames and bytes written) and how it ended (``client_disconnect``,
+    ``client_evicted``, ``stream_error``, ``session_closed``, ``server_disconnect``,
+    ``server_shutdown``), with the exact JSON of a terminal ``client_evicted`` /
+    ``stream_error`` frame. :class:`~sessions.models.SubscriberIncident` — one row per
+    ``slow_client_warning`` and ``client_evicted`` frame written to a client, with the
+    exact JSON envelope it received (the ``data:`` line, cut from the bytes written).
+
+The hook API (what ``sessions.stream`` calls)
+    ``record = records.connection_opened(...)`` once the subscriber is attached, then
+    ``record.frame_written(frame_type, nbytes, chunk)`` after each frame went to
+    ``send``, ``record.bytes_written(nbytes)`` for ``retry:`` and heartbeats, and
+    ``record.closed(reason, detail)`` once (later calls are ignored).
+
+Concurrency model and cost
+    Everything here runs on the server's event loop (EB-11) and only touches memory:
+    no method awaits, touches the database or raises, so the stream may call them in its
+    frame loop and nothing here is on the publish path at all. A background task on the
+    loop (:meth:`Recorder.run`, started when :func:`sessions.runtime.attach_server_loop`
+    captures the loop) writes the pending batch through ``database_sync_to_async``:
+    every ``RECORDS_FLUSH_INTERVAL_S`` seconds when something is pending, at once when
+    ``RECORDS_BATCH_SIZE`` changes are pending, and at shutdown. One write is one
+    transaction of two bulk statements. Writes are idempotent upserts keyed by ids made
+    in memory (UUIDs), so a batch whose outcome is unknown (a failed or cancelled write)
+    is simply put back and written again.
+
+Losing nothing on a clean shutdown
+    See :mod:`sessions.lifecycle`: the server's shutdown path waits (bounded) for the
+    streams it cancels to record their end, closes the rest as ``server_shutdown`` and
+    writes everything (:meth:`Recorder.drain`); an ``atexit`` hook writes whatever is
+    still pending synchronously (:meth:`Recorder.flush_sync`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+import orjson
+from channels.db import database_sync_to_async
+from django.db import transaction
+from django.utils import timezone
+
+from sessions import dashboard
+from sessions.conf import get_config
+from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
+
+__all__ = [
+    "INCIDENT_TYPES",
+    "Batch",
+    "ConnectionRecord",
+    "Recorder",
+    "connection_opened",
+    "payload_of",
+    "recorder",
+    "write_batch",
+]
+
+logger = logging.getLogger("qwenweb.records")
+
+INCIDENT_TYPES: Final = frozenset({"slow_client_warning", "client_evicted"})
+"""Synthetic frame types that get one :class:`~sessions.models.SubscriberIncident` row."""
+
+_TERMINAL_TYPES: Final = frozenset({"client_evicted", "stream_error"})
+MAX_PENDING_INCIDENTS: Final = 100_000
+"""Incidents kept in memory while the database refuses writes; the oldest go beyond."""
+
+_UPSERT_FIELDS: Final = (
+    "frames_sent",
+    "bytes_sent",
+    "closed_at",
+    "end_reason",
+    "end_detail",
+    "end_payload",
+)
+
+
+def payload_of(chunk: bytes) -> str:
+    r"""Return the JSON of the ``data:`` line of one encoded frame, exactly as written.
+
+    ``payload_of(b'event: t\ndata: {"a":1}\n\n') == '{"a":1}'``. Frames written by the
+    route have exactly one ``data`` line (EB-18). Returns ``""`` when there is none.
+    """
+    start = chunk.find(b"\ndata: ")
+    if start < 0:
+        if not chunk.startswith(b"data: "):
+            return ""
+        start = -1
+    start += len(b"\ndata: ")
+    end = chunk.find(b"\n", start)
+    return chunk[start : end if end >= 0 else len(chunk)].decode("utf-8", "replace")
+
+
+@dataclass(eq=False)
+class ConnectionRecord:
+    """The in-memory record of one subscriber connection (one future database row).
+
+    Fields mirror :class:`~sessions.models.SubscriberConnection`. Made by
+    :func:`connection_opened`; updated by the stream through the three methods below.
+    """
+
+    id: uuid.UUID
+    session_id: str
+    auth: str
+    user_id: int | None
+    subject: str
+    client_addr: str
+    user_agent: str
+    client_id: str
+    max_queued: int
+    resumed_from: int | None
+    opened_at: datetime
+    recorder: Recorder = field(repr=False)
+    closed_at: datetime | None = None
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    end_reason: str = ""
+    end_detail: str = ""
+    end_payload: str = ""
+    evictions_written: int = 0
+
+    @property
+    def label(self) -> str:
+        """What log lines call this subscriber: ``subscriber=<label>`` (the row's id)."""
+        return str(self.id)
+
+    def frame_written(self, frame_type: str, nbytes: int, chunk: bytes) -> None:
+        """Count one frame that ``send`` accepted; record warnings and evictions.
+
+        ``chunk`` is the frame's encoded bytes; only ``slow_client_warning``,
+        ``client_evicted`` and ``stream_error`` frames are looked into (their ``data:``
+        line is kept as the exact payload). Never raises, never awaits.
+        """
+        self.frames_sent += 1
+        self.bytes_sent += nbytes
+        if frame_type in INCIDENT_TYPES or frame_type in _TERMINAL_TYPES:
+            self._special_frame(frame_type, payload_of(chunk))
+        self.recorder.mark(self)
+
+    def bytes_written(self, nbytes: int) -> None:
+        """Count body bytes that are not frames (``retry:``, heartbeats). Never raises."""
+        self.bytes_sent += nbytes
+        self.recorder.mark(self)
+
+    def closed(self, reason: str, detail: str = "") -> None:
+        """Record how the connection ended; the first call wins, later ones are ignored.
+
+        ``reason`` is one of ``SubscriberConnection.EndReason``; ``detail`` (clipped to
+        200 characters) replaces the one taken from a terminal frame, if given. Never
+        raises.
+        """
+        if self.closed_at is not None:
+            return
+        self.closed_at = timezone.now()
+        self.end_reason = reason
+        if detail:
+            self.end_detail = detail[:200]
+        elif reason == SubscriberConnection.EndReason.CLIENT_EVICTED and not self.evictions_written:
+            self.end_detail = "client_evicted frame never written"
+        self.recorder.connection_closed(self)
+
+    def _special_frame(self, frame_type: str, payload: str) -> None:
+        try:
+            data = orjson.loads(payload).get("data") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        if frame_type in _TERMINAL_TYPES:
+            self.end_payload = payload
+            detail = data.get("reason") or data.get("code") or data.get("error") or ""
+            self.end_detail = str(detail)[:200]
+        if frame_type in INCIDENT_TYPES:
+            evicted = frame_type == "client_evicted"
+            self.evictions_written += evicted
+            event_id = data.get("droppedAfter" if evicted else "lastEventId")
+            self.recorder.incident(
+                self,
+                {
+                    "id": uuid.uuid4(),
+                    "session_id": self.session_id,
+                    "connection_id": self.id,
+                    "kind": frame_type,
+                    "reason": str(data.get("reason" if evicted else "threshold", ""))[:40],
+                    "event_id": event_id if isinstance(event_id, int) else None,
+                    "at": timezone.now(),
+                    "payload": payload,
+                },
+                data,
+            )
+
+    def row(self) -> dict[str, Any]:
+        """Return the fields of the database row as they are now (a snapshot)."""
+        return {
+            "id": self.id,
+            "session_id": self.session_id,
+            "auth": self.auth,
+            "user_id": self.user_id,
+            "subject": self.subject,
+            "client_addr": self.client_addr,
+            "user_agent": self.user_agent,
+            "client_id": self.client_id,
+            "max_queued": self.max_queued,
+            "resumed_from": self.resumed_from,
+            "opened_at": self.opened_at,
+            "closed_at": self.closed_at,
+            "frames_sent": self.frames_sent,
+            "bytes_sent": self.bytes_sent,
+            "end_reason": self.end_reason,
+            "end_detail": self.end_detail,
+            "end_payload": self.end_payload,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one flush writes: connection rows (upserted whole) and new incident rows."""
+
+    connections: list[dict[str, Any]]
+    incidents: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.connections) + len(self.incidents)
+
+
+def write_batch(batch: Batch) -> None:
+    """Write ``batch`` in one transaction (sync; a worker thread or the exiting main thread).
+
+    Connections are upserted by id (insert, or update the counters and the end of an
+    existing row); incidents are inserted, ignoring ids already present. So writing the
+    same batch twice changes nothing. Rows of sessions deleted meanwhile are dropped.
+    Raises whatever the database raises (nothing is then committed).
+    """
+    session_ids = {row["session_id"] for row in batch.connections} | {
+        row["session_id"] for row in batch.incidents
+    }
+    with transaction.atomic():
+        existing = set(AgentSession.objects.filter(pk__in=session_ids).values_list("pk", flat=True))
+        connections = [
+            SubscriberConnection(**row)
+            for row in batch.connections
+            if row["session_id"] in existing
+        ]
+        SubscriberConnection.objects.bulk_create(
+            connections,
+            batch_size=500,
+            update_conflicts=True,
+            unique_fields=["id"],
+            update_fields=list(_UPSERT_FIELDS),
+        )
+        incidents = [
+            SubscriberIncident(**row) for row in batch.incidents if row["session_id"] in existing
+        ]
+        SubscriberIncident.objects.bulk_create(incidents, batch_size=500, ignore_conflicts=True)
+    dropped = len(batch) - len(connections) - len(incidents)
+    if dropped:
+        logger.info("records_dropped rows=%d reason=session_deleted", dropped)
+
+
+Writer = Callable[[Batch], Awaitable[None]]
+
+
+async def _write_in_thread(batch: Batch) -> None:
+    await database_sync_to_async(write_batch)(batch)
+
+
+class Recorder:
+    """Queue record changes in memory and write them in batches (see the module docstring).
+
+    Args:
+        writer: ``async writer(batch)``; default :func:`write_batch` in a worker thread.
+        flush_interval_s: seconds between timed flushes; default the
+            ``RECORDS_FLUSH_INTERVAL_S`` setting (read when :meth:`run` starts).
+        batch_size: pending changes that trigger a flush at once; default the
+            ``RECORDS_BATCH_SIZE`` setting.
+    """
+
+    def __init__(
+        self,
+        *,
+        writer: Writer | None = None,
+        flush_interval_s: float | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self._writer = writer or _write_in_thread
+        self._flush_interval_s = flush_interval_s
+        self._batch_size = batch_size
+        self._open: dict[uuid.UUID, ConnectionRecord] = {}
+        self._dirty: dict[uuid.UUID, ConnectionRecord | _Snapshot] = {}
+        self._incidents: list[dict[str, Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._all_closed: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.flushes = 0
+        """Successful writes so far (for tests and the operator's curiosity)."""
+        self.shutting_down = False
+        """Set by the shutdown sequence (:mod:`sessions.lifecycle`): streams the server
+        ends from now on record ``server_shutdown``."""
+
+    # -- the hot side: memory only ----------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size or get_config().records_batch_size
+
+    @property
+    def flush_interval_s(self) -> float:
+        return self._flush_interval_s or get_config().records_flush_interval_s
+
+    @property
+    def pending(self) -> int:
+        """Changes waiting for the next write (dirty connections + new incidents)."""
+        return len(self._dirty) + len(self._incidents)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections opened and not yet closed in this process."""
+        return len(self._open)
+
+    def opened(self, record: ConnectionRecord) -> None:
+        """Register a new connection (it is written with the next batch)."""
+        self._open[record.id] = record
+        if self._all_closed is not None:
+            self._all_closed.clear()
+        self.mark(record)
+
+    def mark(self, record: ConnectionRecord) -> None:
+        """Note that ``record`` changed; wake the writer when the batch is full."""
+        if record.id not in self._dirty:
+            self._dirty[record.id] = record
+            if self.pending >= self.batch_size:
+                self._wake_writer()
+
+    def incident(self, record: ConnectionRecord, row: dict[str, Any], data: dict[str, Any]) -> None:
+        """Queue one incident row and tell the operators' feed."""
+        self._incidents.append(row)
+        if len(self._incidents) > MAX_PENDING_INCIDENTS:
+            del self._incidents[0]
+            logger.error("records_overflow dropped=1 kind=%s", row["kind"])
+        fields = {k: v for k, v in data.items() if k not in ("kind", "session", "t")}
+        dashboard.feed.note(row["kind"], record.session_id, **fields, subscriber=record.label)
+        if self.pending >= self.batch_size:
+            self._wake_writer()
+
+    def connection_closed(self, record: ConnectionRecord) -> None:
+        """Take ``record`` off the open list (it is written with the next batch)."""
+        self._open.pop(record.id, None)
+        self.mark(record)
+        if not self._open and self._all_closed is not None:
+            self._all_closed.set()
+        dashboard.feed.note(
+            "subscriber_left",
+            record.session_id,
+            subscriber=record.label,
+            reason=record.end_reason,
+            framesSent=record.frames_sent,
+            bytesSent=record.bytes_sent,
+        )
+        logger.debug(
+            "subscriber_closed session=%s subscriber=%s reason=%s frames=%d bytes=%d",
+            record.session_id,
+            record.label,
+            record.end_reason,
+            record.frames_sent,
+            record.bytes_sent,
+        )
+
+    def close_all(self, reason: str, detail: str = "") -> int:
+        """Close every open connection with ``reason``; return how many. Never raises."""
+        records = list(self._open.values())
+        for record in records:
+            record.closed(reason, detail)
+        return len(records)
+
+    def _wake_writer(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the writer: a task on the server's loop -----------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start :meth:`run` on ``loop`` (the server's) unless it runs there already."""
+        if self._loop is loop and self._task is not None and not self._task.done():
+            return
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._all_closed = asyncio.Event()
+        if not self._open:
+            self._all_closed.set()
+        self._lock = asyncio.Lock()
+        self._task = loop.create_task(self.run(), name="qwenweb-records")
+
+    async def run(self) -> None:
+        """Flush every interval while something is pending, or at once on a full batch.
+
+        Runs until cancelled. A failed write is logged and its batch put back.
+        """
+        assert self._wake is not None
+        while True:
+            try:
+                async with asyncio.timeout(self.flush_interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self.pending:
+                await self.flush()
+
+    async def flush(self) -> int:
+        """Write everything pending now; return the rows written (0 on failure).
+
+        One write at a time. On failure or cancellation the batch is put back (writes
+        are idempotent) and the failure logged once per attempt. Never raises except
+        ``CancelledError``.
+        """
+        lock = self._lock or asyncio.Lock()
+        async with lock:
+            batch = self._take()
+            if not batch:
+                return 0
+            try:
+                await self._writer(batch)
+            except asyncio.CancelledError:
+                self._put_back(batch)
+                raise
+            except Exception as exc:
+                self._put_back(batch)
+                logger.error(
+                    "records_write_failed rows=%d pending=%d error=%s: %s",
+                    len(batch),
+                    self.pending,
+                    type(exc).__name__,
+                    exc,
+                )
+                return 0
+            self.flushes += 1
+            return len(batch)
+
+    async def drain(self, timeout_s: float) -> int:
+        """The shutdown sequence on the loop: wait for ends, close the rest, write all.
+
+        Waits until every open connection recorded its end (the server is cancelling
+        the streams; each records ``server_shutdown`` in its ``finally``), at most
+        ``timeout_s`` seconds; closes those still open as ``server_shutdown``; flushes.
+        Returns the rows written.
+        """
+        if self._open and self._all_closed is not None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._all_closed.wait()
+            except TimeoutError:
+                pass
+        self.close_all(SubscriberConnection.EndReason.SERVER_SHUTDOWN.value, "open at shutdown")
+        return await self.flush()
+
+    def flush_sync(self) -> int:
+        """Close what is open as ``server_shutdown`` and write everything, in this thread.
+
+        For ``atexit``: the loop is gone. Must not run while a loop runs in this thread
+        (Django refuses synchronous queries there). Returns the rows written; logs and
+        returns 0 on a database error.
+        """
+        self.close_all(SubscriberConnection.EndReason.SERVER_SHUTDOWN.value, "open at exit")
+        batch = self._take()
+        if not batch:
+            return 0
+        try:
+            write_batch(batch)
+        except Exception as exc:
+            logger.error(
+                "records_write_failed rows=%d at_exit=1 error=%s: %s",
+                len(batch),
+                type(exc).__name__,
+                exc,
+            )
+            return 0
+        self.flushes += 1
+        return len(batch)
+
+    def discard(self) -> None:
+        """Forget everything pending and stop the writer (tests). Never raises."""
+        if self._task is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._task = self._loop = self._wake = self._all_closed = self._lock = None
+        self.shutting_down = False
+        self._open.clear()
+        self._dirty.clear()
+        self._incidents.clear()
+
+    def _take(self) -> Batch:
+        batch = Batch([r.row() for r in self._dirty.values()], self._incidents)
+        self._dirty = {}
+        self._incidents = []
+        return batch
+
+    def _put_back(self, batch: Batch) -> None:
+        for row in batch.connections:
+            if row["id"] in self._dirty:
+                continue  # changed again since the snapshot: the newer state will be written
+            record = self._open.get(row["id"])
+            # A record closed before the snapshot is no longer in memory: keep the snapshot.
+            self._dirty[row["id"]] = record if record is not None else _Snapshot(row)
+        self._incidents[:0] = batch.incidents
+        del self._incidents[: max(0, len(self._incidents) - MAX_PENDING_INCIDENTS)]
+
+
+class _Snapshot:
+    """A connection row put back after a failed write, for a record no longer in memory."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self._row = row
+
+    def row(self) -> dict[str, Any]:
+        return self._row
+
+
+recorder = Recorder()
+"""The process-wide recorder (one per server process, like the bus registry)."""
+
+
+def connection_opened(
+    *,
+    connection_id: uuid.UUID,
+    session_id: str,
+    auth: str,
+    user_id: int | None,
+    subject: str,
+    client_addr: str,
+    user_agent: str,
+    client_id: str,
+    max_queued: int,
+    resumed_from: int | None,
+) -> ConnectionRecord:
+    """Start recording a subscriber connection; return its handle (see the module docs).
+
+    Call on the loop once the subscriber is attached (so refused requests leave no
+    row). Tells the operators' feed ``subscriber_joined``. Never awaits, never raises.
+    """
+    record = ConnectionRecord(
+        id=connection_id,
+        session_id=session_id,
+        auth=auth,
+        user_id=user_id,
+        subject=subject[:150],
+        client_addr=client_addr[:64],
+        user_agent=user_agent[:300],
+        client_id=client_id[:200],
+        max_queued=max_queued,
+        resumed_from=resumed_from,
+        opened_at=timezone.now(),
+        recorder=recorder,
+    )
+    recorder.opened(record)
+    dashboard.feed.note(
+        "subscriber_joined",
+        session_id,
+        subscriber=record.label,
+        subject=record.subject,
+        clientAddr=record.client_addr,
+        clientId=record.client_id,
+        maxQueued=max_queued,
+    )
+    logger.debug(
+        "subscriber_opened session=%s subscriber=%s auth=%s subject=%s client=%s max_queued=%d",
+        session_id,
+        record.label,
+        auth,
+        record.subject or "-",
+        record.client_addr or "-",
+        max_queued,
+    )
+    return record

@@ -1,0 +1,78 @@
+"""A staff user for end-to-end tests: created in the server's database, logged in over HTTP.
+
+The login goes through the admin's login form (CSRF cookie and token, like a browser), and
+the session cookie is kept in a cookie jar for the following requests.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.server import REPO, server_env
+
+USERNAME = "operator"
+PASSWORD = "operator-password-1"
+
+
+def create_staff_user(database: Path, username: str = USERNAME, password: str = PASSWORD) -> None:
+    """``createsuperuser --noinput`` in ``database`` (bounded: 120 s)."""
+    subprocess.run(
+        [sys.executable, "manage.py", "createsuperuser", "--noinput",
+         "--username", username, "--email", f"{username}@example.com"],
+        cwd=REPO,
+        env=server_env(database, DJANGO_SUPERUSER_PASSWORD=password),
+        check=True,
+        timeout=120,
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@dataclass
+class StaffClient:
+    """An HTTP client logged in as staff on the server at ``base_url``."""
+
+    base_url: str
+    jar: http.cookiejar.CookieJar = field(default_factory=http.cookiejar.CookieJar)
+
+    def __post_init__(self) -> None:
+        self._opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def login(self, username: str = USERNAME, password: str = PASSWORD) -> StaffClient:
+        """Log in through ``/admin/login/``; raises AssertionError if the form refuses."""
+        form = self.get_text("/admin/login/")
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+        assert match, "no CSRF token in the login form"
+        body = urllib.parse.urlencode(
+            {
+                "csrfmiddlewaretoken": match.group(1),
+                "username": username,
+                "password": password,
+                "next": "/admin/",
+            }
+        ).encode()
+        request = urllib.request.Request(f"{self.base_url}/admin/login/", data=body)
+        request.add_header("Referer", f"{self.base_url}/admin/login/")
+        with self._opener.open(request, timeout=10) as response:
+            assert response.url.endswith("/admin/"), f"login refused: ended on {response.url}"
+        return self
+
+    def get_text(self, path: str) -> str:
+        with self._opener.open(f"{self.base_url}{path}", timeout=10) as response:
+            return str(response.read().decode())
+
+    def get_json(self, path: str) -> Any:
+        try:
+            with self._opener.open(f"{self.base_url}{path}", timeout=10) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"GET {path}: {exc.code} {exc.read()[:200]!r}") from None
