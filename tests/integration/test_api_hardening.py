@@ -111,3 +111,47 @@ async def test_database_failure_is_503_json_not_500(make_session, monkeypatch):
     monkeypatch.setattr(runtime, "get_live_session", locked)
     session_id = await make_session()
     assert_error(await load(session_id), 503, "unavailable")
+
+
+async def test_stream_refuses_a_host_outside_allowed_hosts(make_session):
+    # Like Django's own views (get_host), the stream route honours ALLOWED_HOSTS.
+    session_id = await make_session()
+    headers = {**bearer(issue_token(session_id, ["read"])), "host": "evil.example"}
+    response = await call("GET", f"/session/{session_id}/events", headers=headers)
+    assert_error(response, 400, "disallowed_host")
+
+
+async def test_requests_during_close_see_a_closed_session_never_a_new_bus(
+    make_session, monkeypatch
+):
+    # Review finding: a request between bus.close() and the row update rebuilt an open bus.
+    import asyncio
+
+    from channels.db import database_sync_to_async
+
+    from sessions import runtime
+
+    session_id = await make_session()
+    assert (await publish(session_id, {"type": "t"})).status == 200
+    row_written = asyncio.Event()
+    release = asyncio.Event()
+    save = runtime._save_progress
+
+    def slow_save(live, *args, **kwargs):
+        save(live, *args, **kwargs)
+
+    async def gated_save(live, *args, **kwargs):
+        row_written.set()
+        await release.wait()
+        await database_sync_to_async(slow_save)(live, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "database_sync_to_async", lambda fn: gated_save)
+    closing = asyncio.create_task(close(session_id))
+    async with asyncio.timeout(5):
+        await row_written.wait()
+        monkeypatch.undo()
+        response = await publish(session_id, {"type": "t"})
+        release.set()
+        assert (await closing).status == 200
+    assert_error(response, 409, "session_closed")
+    assert (await load(session_id)).json()["status"] == "closed"

@@ -306,7 +306,13 @@ async def test_invalid_max_queued_is_400(make_session, stream_of, query):
 
 @pytest.mark.parametrize(
     ("query", "expected"),
-    [("", 256), ("maxQueued=16", 16), ("maxQueued=2048", 2048), ("other=1", 256)],
+    [
+        ("", 256),
+        ("maxQueued=16", 16),
+        ("maxQueued=2048", 2048),
+        ("maxQueued=000016", 16),  # a plain decimal string may have leading zeros
+        ("other=1", 256),
+    ],
 )
 async def test_max_queued_sets_the_subscriber_cap(make_session, stream_of, query, expected):
     # EB-14, EB-4: the cap shows in the slow_client_warning of a burst
@@ -669,9 +675,9 @@ async def test_ids_continue_above_the_renewed_reservation_after_restart(
     make_session, qwenweb_settings
 ):
     # section 5: ids are reserved in blocks and renewed ahead of use
-    qwenweb_settings(ID_RESERVATION_BLOCK=4)
+    qwenweb_settings(ID_RESERVATION_BLOCK=1000)  # the smallest block allowed
     sid = await make_session()
-    old_ids = await publish_many(sid, 10)
+    old_ids = await publish_many(sid, 1200)  # past the first block: renewed at 500
     await runtime.flush_all()  # what a graceful shutdown does
     runtime.registry.clear()
     (new_id,) = await publish_many(sid, 1)

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -50,21 +51,25 @@ class Command(BaseCommand):
         lifetime_min = get_config().token_lifetime_s // 60
         events = f"{base}/session/{session.id}/events"
         bearer = f"'Authorization: Bearer {read}'"
+        python = _python_command()
         self.stdout.write(
             f"""
 qwenweb demo
-  server       {base}/
-  admin        {base}/admin/   (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})
+  dashboard    {base}/   (log in as {DEMO_USER!r}, password {DEMO_PASSWORD!r})
+  session page {base}/sessions/{session.id}/
+  admin        {base}/admin/
   session      {session.id}
   read token   {read}
-  (expires in {lifetime_min} min; `python manage.py issue_token {session.id}` prints another)
+  publish token {publish}
+  (tokens expire in {lifetime_min} min; `{python} manage.py issue_token {session.id}`
+   prints a new read token, add `--scope publish` for a publish token)
 
-Watch the session live:
+Watch the session live (Ctrl-C stops curl; `: heartbeat` lines are keep-alives):
   curl -N -H {bearer} {events}
-Resume after event 40 (Last-Event-ID):
+Resume exactly after event 40 (replay, then `replay_complete`, then live):
   curl -N -H {bearer} -H 'Last-Event-ID: 40' {events}
-Or with the terminal client (reconnects by itself):
-  python manage.py tail_session {session.id} --url {base} --token {read}
+Or with the terminal client (reconnects by itself with Last-Event-ID):
+  {python} manage.py tail_session {session.id} --url {base} --token {read}
 """
         )
         server = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
@@ -123,3 +128,12 @@ Or with the terminal client (reconnects by itself):
             except (OSError, urllib.error.URLError, ValueError):
                 time.sleep(0.2)
         raise CommandError(f"the server did not answer at {base} within 60 s")
+
+
+def _python_command() -> str:
+    """How to run this interpreter from the project folder (``.venv/bin/python``)."""
+    executable = Path(sys.executable)
+    try:
+        return str(executable.relative_to(Path(settings.BASE_DIR)))
+    except ValueError:
+        return str(executable)
