@@ -1,0 +1,96 @@
+"""What every contender shares: the bench payload and the burst loop.
+
+A bench event's ``data`` is ``{"seq": <1..n>, "t": <time.monotonic_ns() at publish>,
+"pad": "xxx..."}`` padded so that its compact JSON is ``size`` bytes. ``CLOCK_MONOTONIC``
+is one clock for every process on a Linux host, so the load generator (another process)
+subtracts ``t`` from its own ``monotonic_ns()`` at receive time to get the latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+# `{"seq":` + `,"t":` + `,"pad":""}`: the bytes around the two numbers and the pad.
+_FIXED_BYTES = 22
+
+
+def make_data(seq: int, size: int, pads: dict[int, str]) -> dict[str, Any]:
+    """Return the bench ``data`` for ``seq``, stamped now, ``size`` bytes of compact JSON.
+
+    ``pads`` caches pad strings by length. The JSON is never smaller than the two numbers.
+    """
+    now = time.monotonic_ns()
+    pad_len = max(0, size - _FIXED_BYTES - len(str(seq)) - len(str(now)))
+    pad = pads.get(pad_len)
+    if pad is None:
+        pad = pads[pad_len] = "x" * pad_len
+    return {"seq": seq, "t": now, "pad": pad}
+
+
+def burst_params(query: dict[str, str]) -> tuple[int, int, float, int]:
+    """Parse ``n``, ``size`` (bytes), ``rate`` (events/s, 0 = as fast as possible) and
+    ``batch`` (events per event-loop turn when ``rate`` is 0) from a query dict."""
+    n = int(query.get("n", "1000"))
+    size = int(query.get("size", "200"))
+    rate = float(query.get("rate", "0"))
+    batch = int(query.get("batch", "1"))
+    if not (0 < n <= 10_000_000 and 0 < size <= 10_000_000 and rate >= 0 and batch >= 1):
+        raise ValueError("bad burst parameters")
+    return n, size, rate, batch
+
+
+async def run_burst(
+    publish: Callable[[dict[str, Any]], bool], n: int, size: int, rate: float, batch: int
+) -> dict[str, Any]:
+    """Publish ``n`` bench events on the running loop; return timings as a JSON-able dict.
+
+    ``rate`` > 0 paces publishes on a schedule (events that fell behind it go out together,
+    each stamped when it is really published); ``rate`` == 0 publishes ``batch`` events per
+    loop turn, then yields (``asyncio.sleep(0)``), so ``batch=n`` is "all in one turn".
+    ``publish`` returns False for an event the server refused.
+    """
+    pads: dict[int, str] = {}
+    start = time.monotonic_ns()
+    refused = 0
+    seq = 1
+    period_ns = 1e9 / rate if rate > 0 else 0.0
+    while seq <= n:
+        if rate > 0:
+            due = start + (seq - 1) * period_ns
+            now = time.monotonic_ns()
+            if due > now:
+                await asyncio.sleep((due - now) / 1e9)
+                now = time.monotonic_ns()
+            count = max(1, min(n - seq + 1, int((now - start) / period_ns) + 1 - (seq - 1)))
+        else:
+            count = min(batch, n - seq + 1)
+        for _ in range(count):
+            if not publish(make_data(seq, size, pads)):
+                refused += 1
+            seq += 1
+        if rate == 0:
+            await asyncio.sleep(0)
+    end = time.monotonic_ns()
+    return {"published": n - refused, "refused": refused, "publish_s": (end - start) / 1e9}
+
+
+def run_burst_sync(
+    publish: Callable[[dict[str, Any]], bool], n: int, size: int, rate: float
+) -> dict[str, Any]:
+    """Like :func:`run_burst` for a publisher that runs on a thread (django-eventstream)."""
+    pads: dict[int, str] = {}
+    start = time.monotonic_ns()
+    refused = 0
+    for seq in range(1, n + 1):
+        if rate > 0:
+            due = start + (seq - 1) * 1e9 / rate
+            delay = due - time.monotonic_ns()
+            if delay > 0:
+                time.sleep(delay / 1e9)
+        if not publish(make_data(seq, size, pads)):
+            refused += 1
+    end = time.monotonic_ns()
+    return {"published": n - refused, "refused": refused, "publish_s": (end - start) / 1e9}

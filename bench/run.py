@@ -1,0 +1,951 @@
+"""Run every benchmark scenario and print markdown tables; ``--json`` writes the same data.
+
+``python -m bench.run [--quick] [--json out.json] [--only S2,S4] [--reps N]``
+
+Contenders (each in its own process on 127.0.0.1, with its own SQLite database on tmpfs):
+
+- ``qwenweb-serve``: ``python -m qwenweb.serve`` (daphne + flow control, the production
+  entry point);
+- ``qwenweb-uvicorn``: ``python -m uvicorn qwenweb.asgi:application --lifespan off``;
+- ``eventstream``: django-eventstream 5 under plain daphne, with ``DjangoModelStorage``;
+- ``floor``: ``bench/floor_server.py``, a raw asyncio server writing pre-serialized frames.
+
+Both qwenweb contenders run the unchanged ``qwenweb.asgi`` application with
+``DJANGO_SETTINGS_MODULE=bench.qwenweb_bench_settings`` (adds ``/bench/*`` routes).
+Every measurement is a load generator process (``bench.loadgen``); contenders are
+alternated (rotating order, several repetitions) and every comparison is a ratio of two
+measurements taken in the same repetition of the same run. Every loop is bounded in count
+and time; a measurement that times out is reported, never waited for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+FLOOR = "floor"
+QW_SERVE = "qwenweb-serve"
+QW_UVICORN = "qwenweb-uvicorn"
+EVENTSTREAM = "eventstream"
+CONTENDERS = (QW_SERVE, QW_UVICORN, EVENTSTREAM, FLOOR)
+TICKS = os.sysconf("SC_CLK_TCK")
+# Scenario 7's events: big enough that a stalled reader's kernel buffers (a few MiB on
+# loopback) fill within the run, so the server's own policy is what is measured.
+SLOW_EVENT_BYTES = 4096
+
+
+# -- sizes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each scenario is; ``quick`` shrinks counts and durations, not the shape."""
+
+    reps: int
+    throughput_n: int
+    throughput_n_es: int  # django-eventstream publishes ~400 events/s (a DB write each)
+    fanout_n: int
+    fanout_n_es: int
+    latency_s: float
+    idle_subscribers: int
+    idle_reps: int
+    replay_n: int
+    replay_n_es: int
+    slow_s: float
+    slow_reps: int
+    burst_n: int = 1000
+
+    @classmethod
+    def make(cls, quick: bool, reps: int | None) -> Plan:
+        if quick:
+            return cls(reps or 2, 5000, 500, 500, 200, 1.5, 200, 1, 8000, 500, 2.0, 1)
+        return cls(reps or 3, 20_000, 2000, 2000, 500, 10.0, 1000, 2, 8000, 2000, 5.0, 3)
+
+
+# -- servers ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """One contender's server process."""
+
+    name: str
+    workdir: Path
+    template_db: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        port = str(self.port)
+        if self.name == QW_SERVE:
+            return [PY, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", port]
+        if self.name == QW_UVICORN:
+            return [
+                PY, "-m", "uvicorn", "qwenweb.asgi:application", "--host", "127.0.0.1",
+                "--port", port, "--lifespan", "off", "--log-level", "warning",
+                "--no-access-log",
+            ]  # fmt: skip
+        if self.name == EVENTSTREAM:
+            return [
+                PY, "-m", "daphne", "-b", "127.0.0.1", "-p", port,
+                "bench.eventstream_asgi:application",
+            ]  # fmt: skip
+        return [PY, "-m", "bench.floor_server", port]
+
+    def env(self, db: Path) -> dict[str, str]:
+        env = os.environ.copy()
+        env.update(
+            DATABASE_URL=f"sqlite:///{db}",
+            DJANGO_DEBUG="0",
+            DJANGO_SECRET_KEY="bench-only-secret-key-not-for-production",
+            DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+            QWENWEB_LOG_LEVEL="ERROR",
+            QWENWEB_ACCESS_LOG_LEVEL="WARNING",
+            # Scenario 5 opens 1000 streams on one session; the default limit is 64.
+            QWENWEB_MAX_SUBSCRIBERS="2000",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        env["DJANGO_SETTINGS_MODULE"] = (
+            "bench.eventstream_settings" if self.name == EVENTSTREAM else
+            "bench.qwenweb_bench_settings"
+        )  # fmt: skip
+        return env
+
+    def start(self) -> Server:
+        self.stop()
+        self.port = free_port()
+        db = self.workdir / f"{self.name}-{self.port}.sqlite3"
+        shutil.copy(self.template_db, db)
+        log = (self.workdir / f"{self.name}.log").open("ab")
+        self.process = subprocess.Popen(
+            self.argv(), cwd=REPO, env=self.env(db), stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+            try:
+                post_json(self.port, "/bench/ping", method="GET")
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not start in 30 s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.process = None
+
+    def log_tail(self) -> str:
+        path = self.workdir / f"{self.name}.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def _status(self, key: str) -> int:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+        return 0
+
+    def rss_kib(self) -> int:
+        return self._status("VmRSS:")
+
+    def threads(self) -> int:
+        return self._status("Threads:")
+
+    def cpu_s(self) -> float:
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def new_channel(self, **query: str) -> dict[str, Any]:
+        suffix = "?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else ""
+        return post_json(self.port, "/bench/session" + suffix)
+
+    def stream_headers(self, channel: dict[str, Any]) -> list[list[str]]:
+        token = channel.get("token")
+        return [["Authorization", f"Bearer {token}"]] if token else []
+
+    def cursor(self, channel: dict[str, Any], last_id: int) -> str:
+        return f"{channel['channel']}:{last_id}" if self.name == EVENTSTREAM else str(last_id)
+
+
+def post_json(port: int, target: str, method: str = "POST", timeout_s: float = 120) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{target}", method=method, data=b"")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def migrate_template(workdir: Path) -> Path:
+    db = workdir / "template.sqlite3"
+    env = os.environ.copy()
+    env.update(DATABASE_URL=f"sqlite:///{db}", DJANGO_SETTINGS_MODULE="qwenweb.settings")
+    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True, timeout=300)
+    return db
+
+
+# -- measurements -----------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """One load generator run against one server, with the server's resource use."""
+
+    result: dict[str, Any]
+    server_cpu_s: float
+    rss_series: list[tuple[float, int]] = field(default_factory=list)
+
+
+def run_loadgen(server: Server, spec: dict[str, Any], sample_every_s: float = 0.25) -> Measured:
+    """Run ``bench.loadgen`` with ``spec`` against ``server``; sample the server meanwhile."""
+    spec = {"port": server.port, **spec}
+    cpu_before = server.cpu_s()
+    started = time.monotonic()
+    series: list[tuple[float, int]] = []
+    limit_s = float(spec.get("timeout_s", 60)) + float(spec.get("stall_drain_s", 0)) + 30
+    process = subprocess.Popen(
+        [PY, "-m", "bench.loadgen", json.dumps(spec)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    output: dict[str, bytes] = {}
+
+    def communicate() -> None:
+        output["out"], output["err"] = process.communicate()
+
+    reader = threading.Thread(target=communicate)
+    reader.start()
+    while reader.is_alive() and time.monotonic() - started < limit_s:
+        series.append((round(time.monotonic() - started, 3), server.rss_kib()))
+        reader.join(sample_every_s)
+    if reader.is_alive():
+        process.kill()
+        reader.join(10)
+        return Measured({"error": "load generator timed out"}, server.cpu_s() - cpu_before, series)
+    cpu = server.cpu_s() - cpu_before
+    series.append((round(time.monotonic() - started, 3), server.rss_kib()))
+    lines = output.get("out", b"").decode().strip().splitlines()
+    if process.returncode != 0 or not lines:
+        err = output.get("err", b"").decode(errors="replace")[-1500:]
+        return Measured({"error": f"load generator failed: {err}"}, cpu, series)
+    return Measured(json.loads(lines[-1]), cpu, series)
+
+
+def rotations(names: tuple[str, ...], reps: int) -> Iterator[tuple[int, str]]:
+    """Yield (repetition, contender) in a rotating order: A B C D, B C D A, ..."""
+    for rep in range(reps):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            yield rep, name
+
+
+def stream_spec(
+    server: Server, channel: dict[str, Any], n: int, subscribers: int, query: str, **extra: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "path": channel["path"] + extra.pop("path_suffix", ""),
+        "headers": server.stream_headers(channel),
+        "subscribers": subscribers,
+        "n": n,
+        "trigger": f"/bench/burst?channel={channel['channel']}&n={n}&{query}",
+        "timeout_s": 90,
+    }
+    spec.update(extra)
+    return spec
+
+
+def correctness(result: dict[str, Any]) -> str:
+    """One loud cell: OK, or what went wrong (loss, duplicates, parser disagreement)."""
+    if "error" in result:
+        return f"**{result['error'][:80]}**"
+    problems = []
+    if result.get("lost_silent"):
+        problems.append(f"LOST {result['lost_silent']}")
+    if result.get("dup"):
+        problems.append(f"DUP {result['dup']}")
+    if result.get("out_of_range"):
+        problems.append(f"BAD SEQ {result['out_of_range']}")
+    if result.get("timed_out_subs"):
+        problems.append(f"TIMEOUT {result['timed_out_subs']} subs")
+    check = result.get("parser_check", "ok")
+    if check not in ("ok", "skipped"):
+        problems.append(check)
+    return "OK" if not problems else "**" + ", ".join(problems) + "**"
+
+
+def merge_correctness(cells: list[str]) -> str:
+    bad = [cell for cell in cells if cell != "OK"]
+    return "OK" if not bad else " / ".join(dict.fromkeys(bad))
+
+
+def med(values: list[float | None] | list[float]) -> float | None:
+    clean = [v for v in values if v is not None and v == v]
+    return statistics.median(clean) if clean else None
+
+
+def spread(values: list[float | None] | list[float]) -> str:
+    clean = [v for v in values if v is not None and v == v]
+    if not clean:
+        return "-"
+    return f"{fmt(min(clean))}–{fmt(max(clean))}"
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or value != value:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def ratio_cell(values: list[float | None]) -> str:
+    clean = [v for v in values if v is not None and v == v]
+    if not clean:
+        return "-"
+    middle = statistics.median(clean)
+    if len(clean) == 1:
+        return f"{middle:.2f}×"
+    return f"{middle:.2f}× ({min(clean):.2f}–{max(clean):.2f})"
+
+
+def paired(per_rep: dict[str, dict[int, float | None]], name: str, base: str) -> list[float | None]:
+    """Ratios ``name / base`` taken repetition by repetition (same run, adjacent in time)."""
+    out: list[float | None] = []
+    for rep, value in per_rep.get(name, {}).items():
+        other = per_rep.get(base, {}).get(rep)
+        out.append(value / other if value and other else None)
+    return out
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+
+class Bench:
+    """Owns the servers and runs the scenarios; collects results and markdown tables."""
+
+    def __init__(self, plan: Plan, workdir: Path, log: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.workdir = workdir
+        self.log = log
+        self.template = migrate_template(workdir)
+        self.servers = {name: Server(name, workdir, self.template) for name in CONTENDERS}
+        self.results: dict[str, Any] = {}
+        self.tables: list[str] = []
+
+    def start_all(self) -> None:
+        for server in self.servers.values():
+            server.start()
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+    def n_for(self, name: str, n: int, n_es: int) -> int:
+        return n_es if name == EVENTSTREAM else n
+
+    # S1 ------------------------------------------------------------------------------
+
+    def s1_inprocess(self, quick: bool) -> None:
+        self.log("S1 in-process publish cost")
+        argv = [PY, "-m", "bench.inprocess", *(["--quick"] if quick else [])]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=300, check=False)
+        if done.returncode != 0:
+            self.results["S1"] = {"error": done.stderr.decode(errors="replace")[-1500:]}
+            self.tables.append("### 1. In-process publish cost\n\n**failed**\n")
+            return
+        data = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        self.results["S1"] = data
+        rows = [
+            "| subscribers | ring size (full) | µs per publish, median | spread | "
+            "× 0 subscribers, ring 8000 |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+        ]
+        cost = data["publish_cost"]["rows"]
+        base = next(r for r in cost if r["subscribers"] == 0 and r["ring_size"] == 8000)
+        for row in cost:
+            rows.append(
+                f"| {row['subscribers']} | {row['ring_size']:,} | {fmt(row['us_per_publish'])} | "
+                f"{fmt(row['min'])}–{fmt(row['max'])} | "
+                f"{row['us_per_publish'] / base['us_per_publish']:.2f}× |"
+            )
+        rows += [
+            "",
+            "| subscribers | JSON serializations per event | of which in the writer | "
+            "SSE framing copies per event |",
+            "| ---: | ---: | ---: | ---: |",
+        ]
+        for row in data["serializations"]:
+            rows.append(
+                f"| {row['subscribers']} | {row['json_serializations_per_event']:g} | "
+                f"{row['writer_dumps']} | {row['encode_frame_per_event']:g} |"
+            )
+        memory = data["ring_memory"]
+        rows += [
+            "",
+            "| ring events (200 B, full ring) | bytes kept per event | serialized JSON per "
+            "event | memory one serialized JSON occupies |",
+            "| ---: | ---: | ---: | ---: |",
+            f"| {memory['events']:,} | {memory['bytes_per_event']:,.0f} | "
+            f"{memory['json_bytes_mean']:,.0f} | {memory['json_allocated_bytes']:,.0f} |",
+        ]
+        per_rep = data["publish_cost"]["timed_events_per_rep"]
+        reps = data["publish_cost"]["reps"]
+        self.tables.append(
+            "### 1. In-process: publish cost and serializations\n\n"
+            f"{reps} alternated repetitions of {per_rep:,} timed publishes of 200 B events; "
+            "each ring is full, so every publish also drops the ring's oldest event.\n\n"
+            + "\n".join(rows)
+            + "\n"
+        )
+
+    # S2, S3 --------------------------------------------------------------------------
+
+    def throughput(self, key: str, title: str, subscribers: int, n: int, n_es: int) -> None:
+        self.log(f"{key} {title}")
+        per_rep: dict[str, dict[int, float | None]] = {}
+        cpu: dict[str, list[float]] = {}
+        cells: dict[str, list[str]] = {}
+        raw: dict[str, list[Any]] = {}
+        client_cpu: dict[str, list[float]] = {}
+        for rep, name in rotations(CONTENDERS, self.plan.reps):
+            server = self.servers[name]
+            count = self.n_for(name, n, n_es)
+            channel = server.new_channel()
+            measured = run_loadgen(
+                server, stream_spec(server, channel, count, subscribers, "size=200&rate=0")
+            )
+            result = measured.result
+            elapsed = result.get("elapsed_s")
+            rate = count * subscribers / elapsed if elapsed else None
+            per_rep.setdefault(name, {})[rep] = rate
+            cpu.setdefault(name, []).append(measured.server_cpu_s / (count * subscribers) * 1e6)
+            client_cpu.setdefault(name, []).append(result.get("client_busy", 0))
+            cells.setdefault(name, []).append(correctness(result))
+            raw.setdefault(name, []).append(
+                {"rep": rep, **result, "server_cpu_s": measured.server_cpu_s}
+            )
+            self.log(f"  rep {rep} {name}: {fmt(rate)} deliveries/s {cells[name][-1]}")
+        unit = "events/s" if subscribers == 1 else "deliveries/s (events × subscribers)"
+        rows = [
+            f"| contender | events × subscribers | {unit}, median | spread | × floor | "
+            "× django-eventstream | server CPU µs per delivery | × floor by CPU | "
+            "loadgen CPU busy | lost / duplicated |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        floor_cpu = med(cpu[FLOOR])
+        for name in CONTENDERS:
+            values = list(per_rep[name].values())
+            count = self.n_for(name, n, n_es)
+            rows.append(
+                f"| {name} | {count:,} × {subscribers} | {fmt(med(values))} | {spread(values)} | "
+                f"{ratio_cell(paired(per_rep, name, FLOOR))} | "
+                f"{ratio_cell(paired(per_rep, name, EVENTSTREAM))} | {fmt(med(cpu[name]))} | "
+                f"{_cpu_ratio(floor_cpu, med(cpu[name]))} | "
+                f"{fmt(100 * (med(client_cpu[name]) or 0), 2)} % | "
+                f"{merge_correctness(cells[name])} |"
+            )
+        self.results[key] = {"per_rep": per_rep, "runs": raw}
+        self.tables.append(
+            f"### {title}\n\n{self.plan.reps} alternated repetitions, 200 B events published "
+            "as fast as possible (one per event-loop turn). django-eventstream publishes "
+            f"fewer events ({n_es:,}): each `send_event` is a database write, so its rate is "
+            "the rate of that write.\n\n" + "\n".join(rows) + "\n"
+        )
+
+    # S4 ------------------------------------------------------------------------------
+
+    def latency(self) -> None:
+        self.log("S4 latency")
+        duration = self.plan.latency_s
+        n = int(200 * duration)
+        p50: dict[str, dict[int, float | None]] = {}
+        p99: dict[str, dict[int, float | None]] = {}
+        cells: dict[str, list[str]] = {}
+        raw: dict[str, list[Any]] = {}
+        for rep, name in rotations(CONTENDERS, self.plan.reps):
+            server = self.servers[name]
+            channel = server.new_channel()
+            spec = stream_spec(server, channel, n, 64, "size=200&rate=200")
+            spec["timeout_s"] = duration + 60
+            result = run_loadgen(server, spec).result
+            latency = result.get("latency_ms", {})
+            p50.setdefault(name, {})[rep] = latency.get("p50")
+            p99.setdefault(name, {})[rep] = latency.get("p99")
+            cells.setdefault(name, []).append(correctness(result))
+            raw.setdefault(name, []).append({"rep": rep, **result})
+            self.log(f"  rep {rep} {name}: p50 {fmt(latency.get('p50'))} ms p99 "
+                     f"{fmt(latency.get('p99'))} ms {cells[name][-1]}")  # fmt: skip
+        rows = [
+            "| contender | p50 ms, median | p99 ms, median | p99 spread | p99 × floor | "
+            "p50 × floor | publish rate reached | lost / duplicated |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for name in CONTENDERS:
+            reached = [
+                r["n"] / r["trigger"]["publish_s"]
+                for r in raw[name]
+                if isinstance(r.get("trigger"), dict) and r["trigger"].get("publish_s")
+            ]
+            rows.append(
+                f"| {name} | {fmt(med(list(p50[name].values())))} | "
+                f"{fmt(med(list(p99[name].values())))} | {spread(list(p99[name].values()))} | "
+                f"{ratio_cell(paired(p99, name, FLOOR))} | "
+                f"{ratio_cell(paired(p50, name, FLOOR))} | {fmt(med(reached))} ev/s | "
+                f"{merge_correctness(cells[name])} |"
+            )
+        self.results["S4"] = {"p50": p50, "p99": p99, "runs": raw}
+        self.tables.append(
+            f"### 4. Latency: 64 subscribers, 200 events/s for {duration:g} s\n\n"
+            "Publish → receive, measured per event per subscriber from the event's "
+            "`monotonic_ns` stamp (one clock for both processes). "
+            f"{self.plan.reps} alternated repetitions.\n\n" + "\n".join(rows) + "\n"
+        )
+
+    # S5 ------------------------------------------------------------------------------
+
+    def idle_memory(self) -> None:
+        self.log("S5 idle memory")
+        count = self.plan.idle_subscribers
+        per_sub: dict[str, list[float]] = {}
+        threads: dict[str, list[float]] = {}
+        opened: dict[str, list[int]] = {}
+        raw: dict[str, list[Any]] = {}
+        for rep, name in rotations(CONTENDERS, self.plan.idle_reps):
+            server = self.servers[name].start()  # a fresh process: RSS deltas are its own
+            channel = server.new_channel()
+            warm = self._hold_idle(server, self._idle_spec(server, channel, 8))
+            time.sleep(0.5)
+            rss0, threads0 = server.rss_kib(), server.threads()
+            outcome = self._hold_idle(server, self._idle_spec(server, channel, count))
+            rss1, threads1, ready = outcome
+            per_sub.setdefault(name, []).append((rss1 - rss0) / max(1, ready))
+            threads.setdefault(name, []).append(threads1 - threads0)
+            opened.setdefault(name, []).append(ready)
+            raw.setdefault(name, []).append(
+                {"rep": rep, "rss0_kib": rss0, "rss1_kib": rss1, "threads0": threads0,
+                 "threads1": threads1, "ready": ready, "warmup_ready": warm[2]}
+            )  # fmt: skip
+            self.log(f"  rep {rep} {name}: {ready} open, {fmt(per_sub[name][-1])} KiB/sub, "
+                     f"threads {threads0}->{threads1}")  # fmt: skip
+        rows = [
+            "| contender | streams open | RSS KiB per idle subscriber, median | spread | "
+            "× floor | OS threads added |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        floor = med(per_sub[FLOOR]) or None
+        for name in CONTENDERS:
+            value = med(per_sub[name])
+            rows.append(
+                f"| {name} | {min(opened[name])} of {count} | {fmt(value)} | "
+                f"{spread(per_sub[name])} | "
+                f"{fmt(value / floor if value and floor else None)}× | "
+                f"{fmt(med(threads[name]))} |"
+            )
+        self.results["S5"] = {"per_sub_kib": per_sub, "threads_added": threads, "runs": raw}
+        self.tables.append(
+            f"### 5. Idle memory: {count:,} idle subscribers\n\n"
+            "Each repetition restarts the server, opens 8 streams to warm it up, then "
+            f"{count:,} more on one session (qwenweb's per-session limit is raised to 2000 "
+            "with `QWENWEB_MAX_SUBSCRIBERS` for this), and divides the growth of the server's "
+            f"RSS by the streams open. {self.plan.idle_reps} repetitions.\n\n"
+            + "\n".join(rows)
+            + "\n"
+        )
+
+    def _idle_spec(self, server: Server, channel: dict[str, Any], count: int) -> dict[str, Any]:
+        return {
+            "mode": "idle",
+            "path": channel["path"],
+            "headers": server.stream_headers(channel),
+            "subscribers": count,
+            "timeout_s": 120,
+        }
+
+    def _hold_idle(self, server: Server, spec: dict[str, Any]) -> tuple[int, int, int]:
+        """Open the idle streams, wait until RSS settles, sample, then close them."""
+        process = subprocess.Popen(
+            [PY, "-m", "bench.loadgen", json.dumps({"port": server.port, **spec})],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert process.stdin is not None
+        assert process.stdout is not None
+        ready = 0
+        try:
+            line = _readline_bounded(process, 150)
+            ready = int(json.loads(line).get("ready", 0)) if line else 0
+            time.sleep(1.0)  # let the server finish what the last connections started
+            rss, threads = server.rss_kib(), server.threads()
+            process.stdin.write(b"close\n")
+            process.stdin.flush()
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        return rss, threads, ready
+
+    # S6 ------------------------------------------------------------------------------
+
+    def replay(self) -> None:
+        self.log("S6 replay vs live")
+        replay_s: dict[str, dict[int, float | None]] = {}
+        live_s: dict[str, dict[int, float | None]] = {}
+        cells: dict[str, list[str]] = {}
+        raw: dict[str, list[Any]] = {}
+        for rep, name in rotations(CONTENDERS, self.plan.reps):
+            server = self.servers[name]
+            n = self.n_for(name, self.plan.replay_n, self.plan.replay_n_es)
+            channel = server.new_channel()
+            post_json(server.port, f"/bench/burst?channel={channel['channel']}&n={n}&size=200")
+            replay = run_loadgen(
+                server,
+                {
+                    "path": channel["path"],
+                    "headers": server.stream_headers(channel),
+                    "subscribers": 1,
+                    "n": n,
+                    "last_event_id": server.cursor(channel, 0),
+                    "timeout_s": 90,
+                },
+            ).result
+            live_channel = server.new_channel()
+            live = run_loadgen(
+                server, stream_spec(server, live_channel, n, 1, "size=200&rate=0")
+            ).result
+            replay_s.setdefault(name, {})[rep] = replay.get("since_connect_s")
+            live_s.setdefault(name, {})[rep] = live.get("elapsed_s")
+            cells.setdefault(name, []).extend([correctness(replay), correctness(live)])
+            raw.setdefault(name, []).append({"rep": rep, "replay": replay, "live": live})
+            self.log(f"  rep {rep} {name}: replay {fmt(replay.get('since_connect_s'))} s, "
+                     f"live {fmt(live.get('elapsed_s'))} s")  # fmt: skip
+        rows = [
+            "| contender | events | replay s (request → last event), median | live s, median | "
+            "replay ÷ live (paired) | replay × floor | lost / duplicated |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for name in CONTENDERS:
+            ratios = [
+                replay_s[name][rep] / live_s[name][rep]  # type: ignore[operator]
+                if replay_s[name].get(rep) and live_s[name].get(rep)
+                else None
+                for rep in replay_s[name]
+            ]
+            n = self.n_for(name, self.plan.replay_n, self.plan.replay_n_es)
+            rows.append(
+                f"| {name} | {n:,} | {fmt(med(list(replay_s[name].values())))} | "
+                f"{fmt(med(list(live_s[name].values())))} | {ratio_cell(ratios)} | "
+                f"{ratio_cell(paired(replay_s, name, FLOOR))} | "
+                f"{merge_correctness(cells[name])} |"
+            )
+        self.results["S6"] = {"replay_s": replay_s, "live_s": live_s, "runs": raw}
+        self.tables.append(
+            "### 6. Replay: `Last-Event-ID: 0` against a full ring vs the same events live\n\n"
+            "Replay: the events are published first (ring of 8,000 full), then one client "
+            "connects with cursor 0; timed from the request to the last event (qwenweb and the "
+            "floor then send `replay_complete`). Live: a fresh session, one subscriber, the "
+            "same events published as fast as possible; timed from the first publish to the "
+            "last event. django-eventstream replays from its database "
+            f"(`Last-Event-ID: <channel>:0`) and uses {self.plan.replay_n_es:,} events.\n\n"
+            + "\n".join(rows)
+            + "\n"
+        )
+
+    # S7 ------------------------------------------------------------------------------
+
+    def slow_client(self) -> None:
+        self.log("S7 slow client")
+        duration = self.plan.slow_s
+        n = int(1000 * duration)
+        p99: dict[str, dict[str, list[float | None]]] = {}
+        cells: dict[str, list[str]] = {}
+        fates: dict[str, list[str]] = {}
+        rss: dict[str, dict[str, list[float | None]]] = {}
+        raw: dict[str, list[Any]] = {}
+        variants = ("no stall", "stall")
+        for rep, name in rotations(CONTENDERS, self.plan.slow_reps):
+            server = self.servers[name]
+            for variant in variants if rep % 2 == 0 else variants[::-1]:
+                stalled = 1 if variant == "stall" else 0
+                channel = server.new_channel()
+                spec = stream_spec(
+                    server, channel, n, 9 + stalled, f"size={SLOW_EVENT_BYTES}&rate=1000"
+                )
+                spec.update(stalled=stalled, timeout_s=duration + 60, stall_drain_s=15)
+                measured = run_loadgen(server, spec)
+                result = measured.result
+                p99.setdefault(name, {}).setdefault(variant, []).append(
+                    result.get("latency_ms", {}).get("p99")
+                )
+                cells.setdefault(name, []).append(correctness(result))
+                raw.setdefault(name, []).append(
+                    {"rep": rep, "variant": variant, **result, "rss_series": measured.rss_series}
+                )
+                series = measured.rss_series
+                growth = (series[-1][1] - series[0][1]) / 1024 if series else None
+                rss.setdefault(name, {}).setdefault(variant, []).append(growth)
+                if stalled:
+                    fates.setdefault(name, []).append(_fate(result))
+                self.log(f"  rep {rep} {name} {variant}: p99 "
+                         f"{fmt(p99[name][variant][-1])} ms {cells[name][-1]}")  # fmt: skip
+        rows = [
+            "| contender | healthy p99 ms, no stalled reader | with one stalled | "
+            "with ÷ without | stalled reader | server RSS growth MiB, without / with the "
+            "stalled reader | lost / duplicated |",
+            "| --- | ---: | ---: | ---: | --- | --- | --- |",
+        ]
+        for name in CONTENDERS:
+            base = p99[name]["no stall"]
+            stall = p99[name]["stall"]
+            ratios = [s / b if s and b else None for s, b in zip(stall, base, strict=True)]
+            by_variant = rss[name]
+            rows.append(
+                f"| {name} | {fmt(med(base))} | {fmt(med(stall))} | {ratio_cell(ratios)} | "
+                f"{fates[name][-1]} | {fmt(med(by_variant['no stall']))} / "
+                f"{fmt(med(by_variant['stall']))} | {merge_correctness(cells[name])} |"
+            )
+        self.results["S7"] = {"p99": p99, "fates": fates, "rss_growth_mib": rss, "runs": raw}
+        self.tables.append(
+            f"### 7. Slow client: 9 healthy readers + 1 stalled, 1,000 events/s of "
+            f"{SLOW_EVENT_BYTES:,} B for {duration:g} s\n\n"
+            "The stalled reader connects with a 4 KiB receive buffer and stops reading after "
+            "the response headers; it resumes only after publishing ends, to collect what "
+            "the server kept for it. qwenweb uses the default `maxQueued` (256). Healthy p99 "
+            "is compared with a run without the stalled reader, paired per repetition "
+            f"({self.plan.slow_reps} repetitions). RSS growth is the server's over the whole "
+            "measurement (sampled every 0.25 s, series in the JSON); the run without the "
+            "stalled reader grows too (the ring fills with new events), so the difference "
+            "between the two is what the stalled reader costs.\n\n" + "\n".join(rows) + "\n"
+        )
+
+    # burst ---------------------------------------------------------------------------
+
+    def burst(self) -> None:
+        self.log("Burst: 1,000 events in one event-loop turn")
+        n = self.plan.burst_n
+        cases = [
+            (QW_SERVE, {}, "", "default maxQueued (256)"),
+            (QW_SERVE, {}, "?maxQueued=2048", "maxQueued=2048"),
+            (QW_UVICORN, {}, "", "default maxQueued (256)"),
+            (QW_UVICORN, {}, "?maxQueued=2048", "maxQueued=2048"),
+            (EVENTSTREAM, {}, "", "with storage"),
+            (EVENTSTREAM, {"nostore": "1"}, "", "without storage"),
+            (FLOOR, {}, "", ""),
+        ]
+        rows = [
+            "| contender | configuration | subscribers | delivered per subscriber | "
+            "announced by `client_evicted` | lost silently | duplicated | verdict |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | --- |",
+        ]
+        raw = []
+        for name, channel_query, suffix, label in cases:
+            server = self.servers[name]
+            channel = server.new_channel(**channel_query)
+            spec = stream_spec(
+                server, channel, n, 8, f"size=200&rate=0&batch={n}", path_suffix=suffix
+            )
+            spec.update(timeout_s=30, stall_drain_s=0, settle_s=3)
+            result = run_loadgen(server, spec).result
+            raw.append({"contender": name, "configuration": label, **result})
+            delivered = result.get("complete_subs", 0)
+            evicted = result.get("evicted_subs", 0)
+            verdict = correctness(result)
+            if verdict == "OK" and evicted:
+                verdict = "OK (evictions announced)"
+            rows.append(
+                f"| {name} | {label} | 8 | {delivered} complete, {evicted} evicted | "
+                f"{result.get('announced_undelivered', '-')} | {result.get('lost_silent', '-')} | "
+                f"{result.get('dup', '-')} | {verdict} |"
+            )
+            self.log(f"  {name} {label}: {verdict}")
+        self.results["burst"] = raw
+        self.tables.append(
+            f"### Burst: {n:,} events published in one event-loop turn, 8 subscribers\n\n"
+            "The contract (EB-2 ... EB-5): every event is delivered, or the subscriber is told "
+            "with `client_evicted` and may resume from its cursor; nothing is dropped "
+            'silently. (django-eventstream publishes from a thread, so "one turn" means '
+            "back to back.)\n\n" + "\n".join(rows) + "\n"
+        )
+
+
+def _cpu_ratio(floor_cpu: float | None, cpu: float | None) -> str:
+    """Floor CPU per delivery ÷ this contender's: a throughput ratio that the load
+    generator cannot cap (it is not busy-waiting on a saturated client)."""
+    return f"{floor_cpu / cpu:.2f}×" if floor_cpu and cpu else "-"
+
+
+def _readline_bounded(process: subprocess.Popen[bytes], timeout_s: float) -> bytes:
+    box: list[bytes] = []
+    assert process.stdout is not None
+    stdout = process.stdout
+    thread = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else b""
+
+
+def _fate(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return "error"
+    detail = (result.get("stalled_detail") or [{}])[0]
+    terminal = detail.get("terminal")
+    got = detail.get("received", 0)
+    if terminal == "client_evicted":
+        return f"evicted after {got:,} events ({detail.get('warnings', 0)} warning)"
+    return f"{terminal or 'open'}, got {got:,} of {result.get('n', 0):,}"
+
+
+# -- machine and main -------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "loadavg_start": os.getloadavg(),
+        "git": _git("rev-parse", "--short", "HEAD"),
+        "uncommitted_files": len(_git("status", "--porcelain").splitlines()),
+    }
+
+
+def _git(*args: str) -> str:
+    """Read-only git query (the commit the numbers belong to); "" when git is missing."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, timeout=10, check=False
+        )
+    except OSError:
+        return ""
+    return done.stdout.decode(errors="replace").strip()
+
+
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "burst")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description="Benchmark qwenweb (daphne + flow control, uvicorn) against "
+        "django-eventstream (daphne) and a raw-asyncio floor; prints markdown tables.",
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller counts (< 2 minutes)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    parser.add_argument(
+        "--only", help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)"
+    )
+    parser.add_argument("--reps", type=int, help="repetitions per comparison (default 3; 2 quick)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    plan = Plan.make(args.quick, args.reps)
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    info = machine()
+    log(f"machine: {info}")
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="qwenweb-bench-", dir=root) as tmp:
+        bench = Bench(plan, Path(tmp), log)
+        try:
+            if "S1" in only:
+                bench.s1_inprocess(args.quick)
+            bench.start_all()
+            if "S2" in only:
+                bench.throughput(
+                    "S2", "2. Throughput: 1 subscriber", 1, plan.throughput_n, plan.throughput_n_es
+                )
+            if "S3" in only:
+                bench.throughput(
+                    "S3", "3. Fan-out: 64 subscribers", 64, plan.fanout_n, plan.fanout_n_es
+                )
+            if "S4" in only:
+                bench.latency()
+            if "S6" in only:
+                bench.replay()
+            if "S7" in only:
+                bench.slow_client()
+            if "burst" in only:
+                bench.burst()
+            if "S5" in only:
+                bench.idle_memory()  # last: it restarts every server
+        finally:
+            bench.stop_all()
+            logs = {name: server.log_tail() for name, server in bench.servers.items()}
+    elapsed = time.monotonic() - started
+    info["loadavg_end"] = os.getloadavg()
+    header = (
+        f"Run: `python -m bench.run{' --quick' if args.quick else ''}` in {elapsed:.0f} s; "
+        f"{info['nproc']} CPUs ({info['cpu']}), {info['memory_gib']} GiB, Python "
+        f"{info['python']}; load average {info['loadavg_start'][0]:.2f} at start, "
+        f"{info['loadavg_end'][0]:.2f} at end; commit {info['git']} with "
+        f"{info['uncommitted_files']} uncommitted files in the tree.\n"
+    )
+    markdown = header + "\n" + "\n".join(bench.tables)
+    print(markdown)
+    payload = {
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "machine": info,
+        "elapsed_s": elapsed,
+        "results": bench.results,
+        "markdown": markdown,
+        "server_log_tails": logs,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(payload, indent=1, default=str))
+    if args.markdown:
+        args.markdown.write_text(markdown)
+    log(f"done in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
