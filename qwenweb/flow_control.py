@@ -88,7 +88,13 @@ class FlowControlServer(Server):  # type: ignore[misc]  # daphne ships no type h
         elif kind == "http.response.body":
             gate = self._gates.get(protocol)
             if gate is not None and gate.paused:
-                await gate.wait_writable()
+                try:
+                    await gate.wait_writable()
+                except asyncio.CancelledError:
+                    # The application gave up on this socket (writer idle timeout): it
+                    # takes nothing, so a graceful close would wait for ever. Abort it.
+                    self._abort(protocol)
+                    raise
 
     def _add_gate(self, protocol: Any) -> None:
         if protocol in self._gates or getattr(protocol, "channel", None) is None:
@@ -102,6 +108,13 @@ class FlowControlServer(Server):  # type: ignore[misc]  # daphne ships no type h
         if getattr(protocol.channel, "_waitingForTransport", False):
             gate.pauseProducing()  # the transport was already full before we registered
         protocol.notifyFinish().addBoth(lambda _: self._drop_gate(protocol))
+
+    def _abort(self, protocol: Any) -> None:
+        self._drop_gate(protocol)
+        channel = getattr(protocol, "channel", None)
+        transport = getattr(channel, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
 
     def _drop_gate(self, protocol: Any) -> None:
         gate = self._gates.pop(protocol, None)

@@ -126,6 +126,8 @@ QWENWEB = {
     "MAX_SUBSCRIBERS": 64,
     "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
     "HEARTBEAT_INTERVAL_S": 15.0,
+    # A stream whose socket accepts no byte for this long is evicted (writer_idle_timeout).
+    "WRITER_IDLE_TIMEOUT_S": 30.0,
     "TOKEN_LIFETIME_S": 3600,
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,

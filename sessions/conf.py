@@ -28,6 +28,7 @@ ENV_OVERRIDES: Final = {
     "MAX_SUBSCRIBERS": "QWENWEB_MAX_SUBSCRIBERS",
     "MAX_QUEUED_BYTES": "QWENWEB_MAX_QUEUED_BYTES",
     "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
+    "WRITER_IDLE_TIMEOUT_S": "QWENWEB_WRITER_IDLE_TIMEOUT_S",
     "TOKEN_LIFETIME_S": "QWENWEB_TOKEN_LIFETIME_S",
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
@@ -42,6 +43,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "MAX_SUBSCRIBERS": 64,
     "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
     "HEARTBEAT_INTERVAL_S": 15.0,
+    "WRITER_IDLE_TIMEOUT_S": 30.0,
     "TOKEN_LIFETIME_S": 3600,
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,
@@ -57,6 +59,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "MAX_SUBSCRIBERS": (int, 1, 100_000),
     "MAX_QUEUED_BYTES": (int, 1, MAX_SAFE_INTEGER),
     "HEARTBEAT_INTERVAL_S": (float, 0.01, 3600),
+    "WRITER_IDLE_TIMEOUT_S": (float, 0.01, 3600),
     "TOKEN_LIFETIME_S": (int, 1, 30 * 24 * 3600),
     "PUBLISH_MAX_BODY_BYTES": (int, 64, 64 * 1024 * 1024),
     # At least 1,000: the block must stay ahead of publishing while a renewal is written.
@@ -76,6 +79,7 @@ class QwenwebConfig:
     max_subscribers: int
     max_queued_bytes: int
     heartbeat_interval_s: float
+    writer_idle_timeout_s: float
     token_lifetime_s: int
     publish_max_body_bytes: int
     id_reservation_block: int

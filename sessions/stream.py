@@ -131,11 +131,31 @@ def _encode(frame: Frame) -> bytes:
     return encode_frame(event_type=frame.type, data_json=frame.json, event_id=frame.id)
 
 
+class WriterIdleTimeoutError(Exception):
+    """Raised by :func:`pump_frames` when ``send`` accepted nothing for ``idle_s`` seconds."""
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__(f"the socket accepted no byte for {idle_s:g} s")
+        self.idle_s = idle_s
+
+
+async def _send_within(send: Send, message: Message, idle_s: float | None) -> None:
+    if idle_s is None:
+        await send(message)
+        return
+    try:
+        async with asyncio.timeout(idle_s):
+            await send(message)
+    except TimeoutError:
+        raise WriterIdleTimeoutError(idle_s) from None
+
+
 async def pump_frames(
     subscription: Subscription,
     send: Send,
     heartbeat_interval_s: float,
     observer: FrameObserver | None = None,
+    writer_idle_timeout_s: float | None = None,
 ) -> None:
     """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
 
@@ -144,7 +164,11 @@ async def pump_frames(
     produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
     comment is written. Once ``send`` returned, ``observer`` (if any) is told about each
     frame (type, size, encoded bytes) and heartbeat. Returns when the subscription ends
-    (evicted, bus closed, disconnected); raises whatever ``send`` or the iterator raises.
+    (evicted, bus closed, disconnected); raises whatever ``send`` or the iterator raises,
+    and :class:`WriterIdleTimeoutError` when one ``send`` (frames or a heartbeat, which go
+    through the same path, so a half-open connection is found too) does not return within
+    ``writer_idle_timeout_s`` seconds: the server's socket buffers are full and the
+    client takes nothing.
     """
     iterator = aiter(subscription)
     while True:
@@ -152,7 +176,8 @@ async def pump_frames(
             async with asyncio.timeout(heartbeat_interval_s):
                 frame = await anext(iterator)
         except TimeoutError:
-            await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+            heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
+            await _send_within(send, heartbeat, writer_idle_timeout_s)
             if observer is not None:
                 observer.bytes_written(len(HEARTBEAT))
             continue
@@ -169,7 +194,8 @@ async def pump_frames(
             frames.append(queued)
             chunks.append(chunk)
             size += len(chunk)
-        await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+        body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
+        await _send_within(send, body, writer_idle_timeout_s)
         if observer is not None:
             for written, chunk in zip(frames, chunks, strict=True):
                 observer.frame_written(written.type, len(chunk), chunk)
@@ -238,7 +264,7 @@ class SessionEventStream:
             retry = encode_retry(DEFAULT_RETRY_MS)
             await send({"type": "http.response.body", "body": retry, "more_body": True})
             record.bytes_written(len(retry))
-            reason, detail = await self._serve(subscription, receive, send, live.session_id, record)
+            reason, detail = await self._serve(subscription, receive, send, live, record)
             record.closed(reason, detail)
         except asyncio.CancelledError:
             if record is not None:  # the server cancels its streams when it shuts down
@@ -331,19 +357,34 @@ class SessionEventStream:
         subscription: Subscription,
         receive: Receive,
         send: Send,
-        session_id: str,
+        live: runtime.LiveSession,
         record: records.ConnectionRecord,
     ) -> tuple[str, str]:
         """Stream until the client leaves, the subscription ends or the pump fails.
 
-        Returns how the stream ended for the record: ``(end reason, detail)``.
+        Returns how the stream ended for the record: ``(end reason, detail)``. A writer
+        that stays idle evicts the subscriber (``writer_idle_timeout``) and ends the
+        response without writing more: its socket takes nothing.
         """
+        session_id = live.session_id
+        config = get_config()
         pump = asyncio.ensure_future(
-            pump_frames(subscription, send, get_config().heartbeat_interval_s, record)
+            pump_frames(
+                subscription,
+                send,
+                config.heartbeat_interval_s,
+                record,
+                writer_idle_timeout_s=config.writer_idle_timeout_s,
+            )
         )
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            idle = pump.exception() if pump.done() and not pump.cancelled() else None
+            if isinstance(idle, WriterIdleTimeoutError):
+                live.bus.evict(subscription, "writer_idle_timeout", idleS=idle.idle_s)
+                reason, _ = _ended_by_bus(subscription) or (_STREAM_ERROR, "")
+                return reason, "writer_idle_timeout"
         finally:
             subscription.abort()  # EB-20: the subscriber is gone before anything else
             for task in (pump, watcher):

@@ -81,6 +81,9 @@ _EPOCH_ALPHABET: Final = frozenset(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 )
 _FORBIDDEN_TYPE_CHARS: Final = ("\r", "\n", "\0")
+_LOGGED: Final = frozenset(
+    {"reason", "droppedAfter", "queueSize", "maxQueued", "queuedBytes", "maxQueuedBytes"}
+)
 
 
 def is_valid_epoch(value: object) -> bool:
@@ -619,18 +622,41 @@ class EventBus:
             )
         )
 
-    def _evict(self, sub: Subscription, reason: str, frame: Frame) -> None:
+    def evict(self, subscription: Subscription, reason: str, **details: Any) -> bool:
+        """Evict ``subscription`` for a reason found outside the bus (EB-5 semantics).
+
+        Used by the route when the socket accepts no byte for too long
+        (``writer_idle_timeout``): the subscriber gets ``client_evicted`` with ``reason``,
+        ``droppedAfter`` (the next id it would have needed), its queue figures and
+        ``details``, after what is already queued; it is detached at once and counted in
+        ``stats().evictions[reason]``. Returns False (and does nothing) if the
+        subscription is not attached. Never raises, never awaits.
+        """
+        if subscription not in self._subscribers:
+            return False
+        self._evict(subscription, reason, None, details)
+        return True
+
+    def _evict(
+        self,
+        sub: Subscription,
+        reason: str,
+        frame: Frame | None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
         """EB-5: terminal frame after what is queued, drain, and detach at once."""
+        dropped_after = frame.id if frame is not None else self._next_id
         data: dict[str, Any] = {
             "reason": reason,
-            "droppedAfter": frame.id,
+            "droppedAfter": dropped_after,
             "queueSize": sub._live_count,
             "maxQueued": sub.max_queued,
             "queuedBytes": sub._live_bytes,
             "maxQueuedBytes": sub.max_queued_bytes,
         }
-        if reason == "queue_bytes_overflow":
+        if reason == "queue_bytes_overflow" and frame is not None:
             data["eventBytes"] = frame.nbytes
+        data.update(details or {})
         evictions = self._counters.evictions
         evictions[reason] = evictions.get(reason, 0) + 1
         logger.warning(
@@ -639,12 +665,12 @@ class EventBus:
             self.name,
             sub.label,
             reason,
-            frame.id,
+            dropped_after,
             sub._live_count,
             sub.max_queued,
             sub._live_bytes,
             sub.max_queued_bytes,
-            f" eventBytes={frame.nbytes}" if reason == "queue_bytes_overflow" else "",
+            "".join(f" {key}={value}" for key, value in data.items() if key not in _LOGGED),
         )
         sub._evicted = True
         sub._force_push(synthetic_frame("client_evicted", data))

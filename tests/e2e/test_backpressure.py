@@ -113,3 +113,37 @@ async def test_stalled_reader_is_warned_then_evicted_and_sibling_gets_everything
     finally:
         slow.close()
         sibling.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_socket_that_takes_nothing_is_evicted_and_aborted_after_writer_idle_timeout(
+    e2e_database: Path, tmp_path: Path
+) -> None:
+    # Issue 5: no byte accepted for WRITER_IDLE_TIMEOUT_S while frames are pending → evict
+    # with reason writer_idle_timeout; the server then aborts the connection.
+    port = free_port()
+    env = server_env(e2e_database, QWENWEB_WRITER_IDLE_TIMEOUT_S="1")
+    server = ServerProcess(_argv("serve", port), port, env, tmp_path / "serve.log").start()
+    try:
+        session = RemoteSession.create(server.base_url, ringSize=20)
+        stalled = await open_stream(
+            port, session.events_path + "?maxQueued=2048", session.read_token
+        )
+        publisher = Publisher(session.base_url, session.id, session.publish_token)
+        payload = "x" * EVENT_BYTES
+        published = 0
+        # Slowly enough (20 events/s) that the 2 MiB byte cap needs > 1 s once the socket is
+        # full, so the idle timeout is what ends the stream; bounded in count.
+        while published < 2000 and session.load()["subscriberCount"] == 1:
+            publisher.publish("big", {"n": published, "payload": payload})
+            published += 1
+            await asyncio.sleep(0.05)  # the publishing pace under test, not a wait for a cause
+        publisher.close()
+        assert session.load()["subscriberCount"] == 0
+        assert "reason=writer_idle_timeout" in server.log()
+        with pytest.raises(ConnectionResetError):  # aborted: a reset, not a clean end
+            await stalled.read_to_end(timeout_s=30)
+        stalled.close()
+    finally:
+        server.stop()

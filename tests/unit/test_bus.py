@@ -1214,3 +1214,25 @@ async def test_resync_log_line_names_session_and_subscriber(bus_log):  # EB-7
         .getMessage()
         .startswith("state_resync_required session=s-1 subscriber=sub-2 reason=epoch_reset ")
     )
+
+
+async def test_evict_from_outside_sends_terminal_frame_and_counts_reason():  # EB-5
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    bus.publish({"type": "t", "data": 1})
+    assert bus.evict(sub, "writer_idle_timeout", idleS=1.5)
+    frames = await drain(sub)
+    assert [f["type"] for f in frames] == ["t", "client_evicted"]
+    data = frames[-1]["data"]
+    assert data["reason"] == "writer_idle_timeout"
+    assert (data["droppedAfter"], data["idleS"]) == (2, 1.5)
+    assert bus.subscriber_count == 0
+    assert dict(bus.stats().evictions) == {"writer_idle_timeout": 1}
+
+
+async def test_evict_of_a_detached_subscription_does_nothing():  # EB-5, EB-8
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    sub.abort()
+    assert not bus.evict(sub, "writer_idle_timeout")
+    assert dict(bus.stats().evictions) == {}

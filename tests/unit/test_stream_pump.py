@@ -1,0 +1,69 @@
+"""The stream's pump: writer idle timeout (issue 5), heartbeats through the same path."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from sessions.bus import EventBus
+from sessions.stream import WriterIdleTimeoutError, pump_frames
+
+pytestmark = pytest.mark.asyncio
+
+
+def stuck_after(count: int) -> tuple[list[Any], Any]:
+    """A ``send`` that accepts ``count`` messages, then never returns (a full socket)."""
+    sent: list[Any] = []
+    never = asyncio.Event()
+
+    async def send(message: Any) -> None:
+        if len(sent) >= count:
+            await never.wait()
+        sent.append(message)
+
+    return sent, send
+
+
+async def test_frames_pending_on_a_stuck_socket_raise_writer_idle_timeout():
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    sent, send = stuck_after(1)
+    bus.publish({"type": "t", "data": 1})
+    pump = asyncio.create_task(pump_frames(sub, send, 60, writer_idle_timeout_s=0.05))
+    await asyncio.sleep(0)  # one step: the pump writes frame 1
+    bus.publish({"type": "t", "data": 2})
+    async with asyncio.timeout(5):
+        with pytest.raises(WriterIdleTimeoutError):
+            await pump
+    assert len(sent) == 1
+
+
+async def test_heartbeat_on_a_half_open_connection_raises_writer_idle_timeout():
+    # Heartbeats go through the same path, so an idle stream to a dead peer is found too.
+    sub = EventBus(8).subscribe()
+    _, send = stuck_after(0)
+    async with asyncio.timeout(5):
+        with pytest.raises(WriterIdleTimeoutError, match="no byte for 0.05 s"):
+            await pump_frames(sub, send, 0.01, writer_idle_timeout_s=0.05)
+
+
+async def test_without_idle_timeout_a_slow_send_is_waited_for():
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    release = asyncio.Event()
+    sent: list[Any] = []
+
+    async def slow_send(message: Any) -> None:
+        await release.wait()
+        sent.append(message)
+
+    bus.publish({"type": "t", "data": 1})
+    pump = asyncio.create_task(pump_frames(sub, slow_send, 60))
+    await asyncio.sleep(0)  # one step: the pump is inside send
+    release.set()
+    bus.close()
+    async with asyncio.timeout(5):
+        await pump
+    assert b"event: t" in sent[0]["body"]
