@@ -16,10 +16,12 @@ django_application: Any = get_asgi_application()
 
 # Imported after Django is set up: they use models and settings.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from sessions.stream import SessionEventStream  # noqa: E402
+
+# Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
+stream_application: Any = SessionEventStream(django_application)
 
 application = ProtocolTypeRouter(
     {
@@ -27,7 +29,7 @@ application = ProtocolTypeRouter(
             [
                 path(
                     "session/<str:session_id>/events",
-                    SessionMiddlewareStack(SessionEventStream(django_application)),
+                    stream_application,
                 ),
                 re_path(r"", django_application),
             ]

@@ -34,12 +34,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qs
 
 import orjson
 from channels.auth import get_user
 from django.conf import settings
+from django.http.cookie import parse_cookie
 from django.http.request import split_domain_port, validate_host
 
 from sessions import records, runtime
@@ -128,7 +130,12 @@ def _encode(frame: Frame) -> bytes:
         return encode_frame(
             event_type=frame.type, data_json=orjson.dumps(envelope, default=str), event_id=frame.id
         )
-    return encode_frame(event_type=frame.type, data_json=frame.json, event_id=frame.id)
+    wire = frame.wire
+    if wire is None:  # framed once, shared by every subscriber it is fanned out to
+        wire = frame.wire = encode_frame(
+            event_type=frame.type, data_json=frame.json, event_id=frame.id
+        )
+    return wire
 
 
 class WriterIdleTimeoutError(Exception):
@@ -170,19 +177,17 @@ async def pump_frames(
     ``writer_idle_timeout_s`` seconds: the server's socket buffers are full and the
     client takes nothing.
     """
-    iterator = aiter(subscription)
     while True:
         try:
-            async with asyncio.timeout(heartbeat_interval_s):
-                frame = await anext(iterator)
-        except TimeoutError:
+            frame = await subscription.next_frame(heartbeat_interval_s)
+        except StopAsyncIteration:
+            return
+        if frame is None:
             heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
             await _send_within(send, heartbeat, writer_idle_timeout_s)
             if observer is not None:
                 observer.bytes_written(len(HEARTBEAT))
             continue
-        except StopAsyncIteration:
-            return
         frames = [frame]
         chunks = [_encode(frame)]
         size = len(chunks[0])
@@ -213,8 +218,9 @@ class SessionEventStream:
 
     ``GET`` and ``HEAD`` are served here; any other method is handed to ``fallback``
     (Django, for ``POST`` = publish). Expects ``scope["url_route"]["kwargs"]
-    ["session_id"]`` (Channels' ``URLRouter``) and, for login-session auth, a
-    ``scope["session"]`` (Channels' ``SessionMiddlewareStack``).
+    ["session_id"]`` (Channels' ``URLRouter``). Without a bearer token it reads the
+    Django login session from the request's cookie itself (so a plain ``EventSource``
+    works for logged-in users).
     """
 
     def __init__(self, fallback: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
@@ -297,7 +303,7 @@ class SessionEventStream:
                 raise _Reject(403, "forbidden", "this token does not grant read access here")
             subject = claims.subject
         else:
-            user = await get_user(scope) if "session" in scope else None
+            user = await _login_user(headers)
             if user is None or not user.is_authenticated:
                 raise _Reject(
                     401,
@@ -368,32 +374,40 @@ class SessionEventStream:
         """
         session_id = live.session_id
         config = get_config()
-        pump = asyncio.ensure_future(
-            pump_frames(
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            await _wait_for_disconnect(receive)
+            disconnected = True
+            subscription.abort()  # EB-20: gone at once; this also ends the pump's wait
+
+        # The pump runs in this task and only the watcher gets its own: one task per
+        # stream fewer, which is memory per idle stream.
+        watcher = asyncio.ensure_future(watch())
+        error: Exception | None = None
+        try:
+            await pump_frames(
                 subscription,
                 send,
                 config.heartbeat_interval_s,
                 record,
                 writer_idle_timeout_s=config.writer_idle_timeout_s,
             )
-        )
-        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-        try:
-            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            idle = pump.exception() if pump.done() and not pump.cancelled() else None
-            if isinstance(idle, WriterIdleTimeoutError):
+        except WriterIdleTimeoutError as idle:
+            if not disconnected:
                 live.bus.evict(subscription, "writer_idle_timeout", idleS=idle.idle_s)
                 reason, _ = _ended_by_bus(subscription) or (_STREAM_ERROR, "")
                 return reason, "writer_idle_timeout"
+        except Exception as exc:
+            error = exc
         finally:
-            subscription.abort()  # EB-20: the subscriber is gone before anything else
-            for task in (pump, watcher):
-                task.cancel()
-            await asyncio.gather(pump, watcher, return_exceptions=True)
-        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            subscription.abort()
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        if disconnected:
             # The client went away: nothing more to write, nothing to log.
             return _ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
-        error = pump.exception() if pump.done() and not pump.cancelled() else None
         if error is not None:  # EB-19
             detail = f"{type(error).__name__}: {sanitize_for_log(str(error), 200)}"
             logger.error(
@@ -480,6 +494,20 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
         key = bytes(name).lower()
         headers[key] = headers[key] + b"," + bytes(value) if key in headers else bytes(value)
     return headers
+
+
+async def _login_user(headers: dict[bytes, bytes]) -> Any:
+    """The user of the Django login session named by the request's cookie, or None.
+
+    Loaded here, only for requests without a bearer token, rather than by Channels'
+    session middleware, which would wrap ``send`` for every body chunk of the stream.
+    """
+    cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
+    session_key = cookies.get(settings.SESSION_COOKIE_NAME)
+    if not session_key:
+        return None
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
+    return await get_user({"session": store})
 
 
 def _host_allowed(scope: Scope, headers: dict[bytes, bytes]) -> bool:

@@ -121,9 +121,12 @@ class Frame(Mapping[str, Any]):
         nbytes: ``len(json)`` (0 when ``json`` is None): what counts against the byte cap.
     """
 
-    __slots__ = ("_fields", "id", "json", "nbytes", "type")
+    __slots__ = ("_fields", "id", "json", "nbytes", "type", "wire")
 
     def __init__(self, fields: dict[str, Any], json: bytes | None) -> None:
+        # A memo for the writer (the SSE route stores the frame's wire bytes here, so a
+        # frame fanned out to many subscribers is framed once); the bus never reads it.
+        self.wire: bytes | None = None
         self._fields = MappingProxyType(fields)
         self.id: int | None = fields.get("id")
         self.type: str = fields["type"]
@@ -275,6 +278,33 @@ class Subscription:
         frame = self.next_nowait()
         assert frame is not None
         return frame
+
+    async def next_frame(self, timeout_s: float) -> Frame | None:
+        """Return the next frame, or None if none arrived within ``timeout_s`` seconds.
+
+        Raises ``StopAsyncIteration`` once the subscription has ended and its queue is
+        drained. Like ``__anext__`` it is cancellation-safe (a frame is never lost), and
+        it waits with one timer handle instead of an ``asyncio.timeout`` scope, which
+        matters on the per-frame path of the writer.
+        """
+        if not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiter = waiter
+            timer = loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                if self._waiter is waiter:
+                    self._waiter = None
+            if not self._items:
+                if self._ended:
+                    raise StopAsyncIteration
+                return None
+        return self.next_nowait()
 
     def next_nowait(self) -> Frame | None:
         """Return the next queued frame without waiting, or None if none is queued.
@@ -830,6 +860,11 @@ class EventBus:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _dumps(fields: Mapping[str, Any]) -> bytes | None:

@@ -45,7 +45,7 @@ async def test_heartbeat_on_a_half_open_connection_raises_writer_idle_timeout():
     sub = EventBus(8).subscribe()
     _, send = stuck_after(0)
     async with asyncio.timeout(5):
-        with pytest.raises(WriterIdleTimeoutError, match="no byte for 0.05 s"):
+        with pytest.raises(WriterIdleTimeoutError, match=r"no byte for 0\.05 s"):
             await pump_frames(sub, send, 0.01, writer_idle_timeout_s=0.05)
 
 
