@@ -1236,3 +1236,43 @@ async def test_evict_of_a_detached_subscription_does_nothing():  # EB-5, EB-8
     sub.abort()
     assert not bus.evict(sub, "writer_idle_timeout")
     assert dict(bus.stats().evictions) == {}
+
+
+async def test_next_frame_returns_none_when_nothing_arrives_in_time():  # EB-6
+    sub = EventBus(3).subscribe()
+    async with asyncio.timeout(5):
+        assert await sub.next_frame(0.01) is None
+
+
+async def test_next_frame_returns_a_frame_published_while_waiting():  # EB-3 hand-over
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    waiting = asyncio.create_task(sub.next_frame(60))
+    await asyncio.sleep(0)  # one step: the task starts waiting
+    bus.publish({"type": "t", "data": 1})
+    async with asyncio.timeout(5):
+        frame = await waiting
+    assert frame is not None
+    assert frame["data"] == 1
+
+
+async def test_next_frame_after_timeout_loses_nothing_and_counts_live():  # EB-3
+    bus = EventBus(3)
+    sub = bus.subscribe(max_queued=1)
+    async with asyncio.timeout(5):
+        assert await sub.next_frame(0.01) is None
+    bus.publish({"type": "t", "data": 1})
+    assert sub.statistics().live_count == 1  # not handed to the expired waiter
+    async with asyncio.timeout(5):
+        assert (await sub.next_frame(60))["data"] == 1  # type: ignore[index]
+
+
+async def test_next_frame_raises_stop_when_ended_and_drained():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    bus.publish({"type": "t"})
+    bus.close()
+    async with asyncio.timeout(5):
+        assert await sub.next_frame(60) is not None
+        with pytest.raises(StopAsyncIteration):
+            await sub.next_frame(60)
