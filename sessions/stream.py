@@ -538,7 +538,7 @@ def _parse_max_queued(query_string: bytes) -> int:
         len(values) == 1
         and raw.isascii()
         and raw.isdigit()
-        and len(raw) <= 32  # leading zeros are fine; this only bounds int()
+        and len(raw.lstrip("0")) <= 4  # any number of leading zeros; bounds int()
         and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
     ):
         return int(raw)
