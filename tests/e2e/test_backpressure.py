@@ -65,12 +65,6 @@ def any_server(
     server.stop()
 
 
-def _rss_kib(server: ServerProcess) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
-
-
 def _publish_all(session: RemoteSession) -> None:
     publisher = Publisher(session.base_url, session.id, session.publish_token)
     payload = "x" * EVENT_BYTES
@@ -92,12 +86,12 @@ async def test_stalled_reader_is_warned_then_evicted_and_sibling_gets_everything
     )
     sibling = await open_stream(any_server.port, session.events_path, session.read_token)
     try:
-        rss_before = _rss_kib(any_server)
+        rss_before = any_server.rss_kib()
         publishing = asyncio.create_task(asyncio.to_thread(_publish_all, session))
         # The sibling keeps reading while the slow client reads nothing at all.
         await sibling.read_until(lambda evs: len(evs) >= EVENTS, timeout_s=100)
         await publishing
-        rss_growth = _rss_kib(any_server) - rss_before
+        rss_growth = any_server.rss_kib() - rss_before
         assert event_ids(sibling.events) == list(range(1, EVENTS + 1))
         assert session.load()["subscriberCount"] == 1  # the slow one is gone (EB-5)
         events = await slow.read_to_end(timeout_s=30)

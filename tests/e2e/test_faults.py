@@ -70,12 +70,6 @@ def serve(e2e_database: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     server.stop()
 
 
-def _rss_kib(server: ServerProcess) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
-
-
 def _subscriber_count(session: RemoteSession) -> int:
     return int(session.load()["subscriberCount"])
 
@@ -196,11 +190,11 @@ def test_stopped_curl_is_evicted_within_caps_and_its_tail_is_the_eviction_frame(
         assert wait_for(lambda: _subscriber_count(session) == 1, 10)
         os.kill(curl.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        rss_before = _rss_kib(serve)
+        rss_before = serve.rss_kib()
         publisher = _StoppablePublisher(session).start()
         evicted = wait_for(lambda: _subscriber_count(session) == 0, EVICTION_WAIT_S, 0.05)
         eviction_s = time.monotonic() - stopped_at
-        rss_growth = _rss_kib(serve) - rss_before
+        rss_growth = serve.rss_kib() - rss_before
         published = publisher.stop()
         assert evicted, f"still subscribed after {len(published)} events while stopped"
         assert len(published) < MAX_EVENTS

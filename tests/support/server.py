@@ -96,12 +96,18 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait(timeout=10)
 
-    def thread_count(self) -> int:
+    def _status_field(self, name: str) -> int:
         assert self.process is not None
         status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(
-            next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1]
-        )
+        return int(next(line for line in status.splitlines() if line.startswith(name)).split()[1])
+
+    def rss_kib(self) -> int:
+        """The server process's resident memory in KiB (``VmRSS``)."""
+        return self._status_field("VmRSS:")
+
+    def thread_count(self) -> int:
+        """The server process's OS threads."""
+        return self._status_field("Threads:")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
