@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM stops the demo like Ctrl-C does, so the server it started is stopped too.
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         call_command("migrate", verbosity=0, interactive=False)
         user = self._demo_user()
         session = AgentSession.objects.create(title="Demo agent session", owner=user)
@@ -128,6 +131,10 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
             except (OSError, urllib.error.URLError, ValueError):
                 time.sleep(0.2)
         raise CommandError(f"the server did not answer at {base} within 60 s")
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _python_command() -> str:
