@@ -46,7 +46,7 @@ from django.http.request import split_domain_port, validate_host
 
 from sessions import records, runtime
 from sessions.auth import TokenError, parse_bearer, verify_token
-from sessions.bus import Frame, SubscriberLimitExceededError, Subscription
+from sessions.bus import Frame, SubscriberLimitExceededError, Subscription, synthetic_frame
 from sessions.conf import get_config
 from sessions.models import SubscriberConnection, normalize_session_id
 from sessions.sse import (
@@ -416,16 +416,8 @@ class SessionEventStream:
                 subscription.label,
                 detail,
             )
-            body = encode_frame(
-                event_type="stream_error",
-                data_json=orjson.dumps(
-                    {
-                        "v": 1,
-                        "type": "stream_error",
-                        "data": {"error": "internal error while streaming"},
-                        "_meta": {"serverTimestamp": time.time_ns() // 1_000_000},
-                    }
-                ),
+            body = encode_synthetic(
+                synthetic_frame("stream_error", {"error": "internal error while streaming"})
             )
             try:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -439,21 +431,16 @@ class SessionEventStream:
     async def _limit_reached(self, send: Send, live: runtime.LiveSession, limit: int) -> None:
         """EB-16: 200, ``Retry-After: 5``, ``retry: 5000``, one ``stream_error``, end."""
         logger.warning("subscriber_limit_exceeded session=%s limit=%d", live.session_id, limit)
-        frame = encode_frame(
-            event_type="stream_error",
-            data_json=orjson.dumps(
+        frame = encode_synthetic(
+            synthetic_frame(
+                "stream_error",
                 {
-                    "v": 1,
-                    "type": "stream_error",
-                    "data": {
-                        "error": "subscriber limit reached",
-                        "code": "subscriber_limit_exceeded",
-                        "limit": limit,
-                        "retryAfterMs": LIMIT_RETRY_MS,
-                    },
-                    "_meta": {"serverTimestamp": time.time_ns() // 1_000_000},
-                }
-            ),
+                    "error": "subscriber limit reached",
+                    "code": "subscriber_limit_exceeded",
+                    "limit": limit,
+                    "retryAfterMs": LIMIT_RETRY_MS,
+                },
+            )
         )
         await send(
             {
