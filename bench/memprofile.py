@@ -12,13 +12,19 @@ RSS growth that ``bench.run`` reports.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.run import PY, QW_SERVE, QW_UVICORN, REPO, Server, migrate_template, post_json
+from bench.run import (
+    QW_SERVE,
+    QW_UVICORN,
+    REPO,
+    Server,
+    migrate_template,
+    post_json,
+    spawn_loadgen,
+)
 
 
 def main() -> None:
@@ -65,13 +71,7 @@ def main() -> None:
 
 def _hold(spec: dict[str, object], server: Server | None = None) -> tuple[dict[str, object], int]:
     """Open the idle streams; with ``server``, take the tracemalloc report while they are open."""
-    process = subprocess.Popen(
-        [PY, "-m", "bench.loadgen", json.dumps(spec)],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    process = spawn_loadgen(spec, interactive=True)
     assert process.stdin is not None
     assert process.stdout is not None
     report: dict[str, object] = {}

@@ -227,6 +227,18 @@ class Measured:
     rss_series: list[tuple[float, int]] = field(default_factory=list)
 
 
+def spawn_loadgen(spec: dict[str, Any], *, interactive: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``python -m bench.loadgen <spec>``; ``interactive`` gives it a stdin to hold
+    its streams open until told to close them (stderr is then discarded)."""
+    return subprocess.Popen(
+        [PY, "-m", "bench.loadgen", json.dumps(spec)],
+        cwd=REPO,
+        stdin=subprocess.PIPE if interactive else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if interactive else subprocess.PIPE,
+    )
+
+
 def run_loadgen(server: Server, spec: dict[str, Any], sample_every_s: float = 0.25) -> Measured:
     """Run ``bench.loadgen`` with ``spec`` against ``server``; sample the server meanwhile."""
     spec = {"port": server.port, **spec}
@@ -234,12 +246,7 @@ def run_loadgen(server: Server, spec: dict[str, Any], sample_every_s: float = 0.
     started = time.monotonic()
     series: list[tuple[float, int]] = []
     limit_s = float(spec.get("timeout_s", 60)) + float(spec.get("stall_drain_s", 0)) + 30
-    process = subprocess.Popen(
-        [PY, "-m", "bench.loadgen", json.dumps(spec)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    process = spawn_loadgen(spec)
     output: dict[str, bytes] = {}
 
     def communicate() -> None:
@@ -595,13 +602,7 @@ class Bench:
 
     def _hold_idle(self, server: Server, spec: dict[str, Any]) -> tuple[int, int, int]:
         """Open the idle streams, wait until RSS settles, sample, then close them."""
-        process = subprocess.Popen(
-            [PY, "-m", "bench.loadgen", json.dumps({"port": server.port, **spec})],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        process = spawn_loadgen({"port": server.port, **spec}, interactive=True)
         assert process.stdin is not None
         assert process.stdout is not None
         ready = 0

@@ -165,6 +165,19 @@ class IncidentInline(_ReadOnlyInline):
 # -- sessions -----------------------------------------------------------------------------
 
 
+#: The counters the server saves on the session's row (shown when its bus is not loaded).
+_SAVED_COUNTERS = (
+    "ring_size",
+    "last_event_id",
+    "events_published",
+    "slow_client_warnings",
+    "evictions",
+    "peak_subscribers",
+    "event_id_reserved",
+    "bus_starts",
+)
+
+
 @admin.register(AgentSession)
 class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Sessions with live numbers (see the module docstring)."""
@@ -183,16 +196,7 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             {
                 "description": "As last written by the server (at id reservations, close and "
                 "shutdown); the numbers shown when the bus is not loaded.",
-                "fields": (
-                    "ring_size",
-                    "last_event_id",
-                    "events_published",
-                    "slow_client_warnings",
-                    "evictions",
-                    "peak_subscribers",
-                    "event_id_reserved",
-                    "bus_starts",
-                ),
+                "fields": _SAVED_COUNTERS,
             },
         ),
     )
@@ -204,14 +208,7 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "closed_at",
         "links",
         "live_numbers",
-        "ring_size",
-        "last_event_id",
-        "events_published",
-        "slow_client_warnings",
-        "evictions",
-        "peak_subscribers",
-        "event_id_reserved",
-        "bus_starts",
+        *_SAVED_COUNTERS,
     )
 
     class Media:
