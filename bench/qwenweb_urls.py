@@ -2,7 +2,7 @@
 
 - ``POST /bench/session``: a new session; ``{"channel", "token", "path"}`` (read token).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
-  ``sessions.runtime.publish`` on the server's event loop (in-process, no HTTP per event);
+  ``sessions.runtime.publish_nowait`` on the server's event loop (in-process, no HTTP per event);
   answers when the last one is published, with the publish timings.
 - ``GET /bench/ping``: readiness.
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
@@ -51,7 +51,7 @@ async def bench_burst(request: HttpRequest) -> HttpResponse:
     live = await runtime.get_live_session(request.GET["channel"])
 
     def publish(data: dict[str, Any]) -> bool:
-        return runtime.publish(live, {"type": "bench", "data": data}) is not None
+        return runtime.publish_nowait(live, {"type": "bench", "data": data}) is not None
 
     return JsonResponse(await run_burst(publish, n, size, rate, batch))
 

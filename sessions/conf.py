@@ -33,6 +33,9 @@ ENV_OVERRIDES: Final = {
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
     "BACKEND": "QWENWEB_BACKEND",
+    "REDIS_URL": "QWENWEB_REDIS_URL",
+    "REDIS_KEY_PREFIX": "QWENWEB_REDIS_KEY_PREFIX",
+    "PROCESS_TTL_S": "QWENWEB_PROCESS_TTL_S",
     "RECORDS_FLUSH_INTERVAL_S": "QWENWEB_RECORDS_FLUSH_INTERVAL_S",
     "RECORDS_BATCH_SIZE": "QWENWEB_RECORDS_BATCH_SIZE",
     "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
@@ -48,6 +51,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,
     "BACKEND": "memory",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "REDIS_KEY_PREFIX": "qwenweb",
+    "PROCESS_TTL_S": 10.0,
     "RECORDS_FLUSH_INTERVAL_S": 1.0,
     "RECORDS_BATCH_SIZE": 500,
     "RECORDS_RETENTION_DAYS": 30,
@@ -64,11 +70,13 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "PUBLISH_MAX_BODY_BYTES": (int, 64, 64 * 1024 * 1024),
     # At least 1,000: the block must stay ahead of publishing while a renewal is written.
     "ID_RESERVATION_BLOCK": (int, 1000, MAX_SAFE_INTEGER // 4),
+    "PROCESS_TTL_S": (float, 0.2, 3600),
     "RECORDS_FLUSH_INTERVAL_S": (float, 0.01, 3600),
     "RECORDS_BATCH_SIZE": (int, 1, 100_000),
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
 }
-_BACKENDS: Final = ("memory",)
+_BACKENDS: Final = ("memory", "redis")
+_REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,9 @@ class QwenwebConfig:
     publish_max_body_bytes: int
     id_reservation_block: int
     backend: str
+    redis_url: str
+    redis_key_prefix: str
+    process_ttl_s: float
     records_flush_interval_s: float
     records_batch_size: int
     records_retention_days: int
@@ -107,6 +118,14 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         if raw in _BACKENDS:
             return raw, None
         return None, f"{source} must be one of {', '.join(_BACKENDS)}; got {raw!r}"
+    if key == "REDIS_URL":
+        if isinstance(raw, str) and raw.startswith(_REDIS_SCHEMES):
+            return raw, None
+        return None, f"{source} must be a redis://, rediss:// or unix:// URL; got {raw!r}"
+    if key == "REDIS_KEY_PREFIX":
+        if isinstance(raw, str) and 1 <= len(raw) <= 64 and raw.isprintable() and " " not in raw:
+            return raw, None
+        return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
     kind, low, high = _RANGES[key]
     value: Any
     try:

@@ -106,6 +106,7 @@ async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool =
         written = await records.recorder.drain(timeout_s)
         await runtime.flush_all()
         logger.info("shutdown_flushed records=%d sessions=%d", written, len(runtime.registry))
+        await runtime.close_backend()
     except Exception:
         logger.exception("shutdown_flush_failed")
 

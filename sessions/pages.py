@@ -16,7 +16,7 @@ Concurrency model
     The pages are plain synchronous views (Django runs them in its thread pool under
     ASGI). The demo endpoint is async: it runs on the server's event loop, the loop that
     owns every session's bus (EB-11), and starts the agent there as an ``asyncio`` task
-    that publishes with :func:`sessions.runtime.publish` (never raises, never awaits).
+    that publishes with :func:`sessions.runtime.publish`.
     At most one agent runs per session; the tasks are kept in a module dict so they are
     not garbage-collected, and each removes itself when it ends.
 """
@@ -203,10 +203,13 @@ async def run_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_P
         await asyncio.sleep(tokens / chunks_per_s)
         try:
             live = await runtime.get_live_session(session_id)
+            if await runtime.publish(live, {"type": event_type, "data": data}) is None:
+                break  # closed between the lookup and the publish (EB-2)
         except (runtime.SessionClosedError, runtime.SessionNotFoundError):
             break
-        if runtime.publish(live, {"type": event_type, "data": data}) is None:
-            break  # closed between the lookup and the publish (EB-2)
+        except runtime.BackendUnavailableError:
+            logger.warning("demo_agent_waiting session=%s reason=backend_unavailable", session_id)
+            continue  # the demo skips what it could not publish while Redis is away
         published += 1
     return published
 

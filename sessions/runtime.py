@@ -5,6 +5,20 @@ its bus above every id an earlier process could have issued (ids are reserved in
 ``ID_RESERVATION_BLOCK`` and the reservation is renewed at half of a block, off the hot
 path), and keeps the buses in a process-wide :class:`~sessions.bus.Registry`.
 
+Backends (setting ``BACKEND``)
+    ``memory`` (default): the bus assigns ids and holds the ring; one process.
+    ``redis`` (issue 6): ids, epoch and the ring live in Redis (:mod:`sessions.redis_store`),
+    shared by every process. Here the bus is a *mirror*: it takes the events in id order
+    from this process's one reader task (:meth:`EventBus.ingest`) and keeps the local
+    subscriber queues, so backpressure, warnings and evictions stay local and exact. A
+    publish goes to Redis and reaches every process's mirror through its reader, this one
+    included. A cursor ahead of the mirror but issued in Redis is waited for before the
+    subscriber attaches, so a client resuming on another process misses nothing. When
+    Redis has lost a session's data the next load starts a new epoch whose ids continue
+    above the database's reserved high-water mark. When Redis is unreachable, publish and
+    new streams raise :class:`BackendUnavailableError` (503) and open streams get a
+    ``stream_error`` (code ``backend_unavailable``); everything resumes when it returns.
+
 Concurrency model: everything here runs on the server's event loop (EB-11); database work
 goes through ``channels.db.database_sync_to_async`` (a worker thread for the duration of
 one query, never one per stream). The first bus built (or the first operator feed opened)
@@ -18,38 +32,59 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import orjson
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from sessions.bus import BusStats, EventBus, Frame, Registry
+from sessions.bus import (
+    BusStats,
+    EventBus,
+    Frame,
+    Registry,
+    Subscription,
+    encode_envelope,
+    envelope_fields,
+    synthetic_frame,
+)
 from sessions.conf import get_config
 from sessions.models import AgentSession
+from sessions.redis_store import BackendUnavailableError, RedisStore, entry_json
 
 __all__ = [
+    "BackendUnavailableError",
     "LiveSession",
+    "Published",
     "ServerLoopUnavailableError",
     "SessionClosedError",
     "SessionNotFoundError",
     "attach_server_loop",
     "call_on_server_loop",
     "call_soon_on_server_loop",
+    "close_backend",
     "close_session",
     "disconnect_subscribers",
     "flush_all",
     "get_live_session",
     "live_stats",
+    "merge_reports",
+    "operator_stats",
     "publish",
+    "publish_nowait",
+    "redis_store",
     "registry",
     "run_on_server_loop",
     "server_loop",
     "snapshot_json",
+    "subscribe",
+    "using_redis",
 ]
 
 logger = logging.getLogger("qwenweb.runtime")
@@ -80,7 +115,18 @@ class LiveSession:
     bus: EventBus
     reserved_until: int
     created_at: str
+    ring_size: int = 0
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
+    # Redis backend: set (and replaced) each time the mirror takes new events.
+    _advanced: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publish returns: the event's ``id`` and the ``epoch`` of its sequence."""
+
+    id: int
+    epoch: str
 
 
 registry: Registry[LiveSession] = Registry()
@@ -124,6 +170,7 @@ def _load_and_reserve(session_id: str) -> LiveSession:
         bus=bus,
         reserved_until=reserved_until,
         created_at=row.created_at.isoformat(),
+        ring_size=bus.ring_size,
     )
 
 
@@ -140,37 +187,93 @@ async def get_live_session(session_id: str) -> LiveSession:
             raise SessionClosedError(session_id, live.owner_id)
         return live
     attach_server_loop()
-    loaded = await registry.get_or_create(
-        session_id, lambda: database_sync_to_async(_load_and_reserve)(session_id)
-    )
+    if using_redis():
+        loaded = await registry.get_or_create(session_id, lambda: _load_redis(session_id))
+    else:
+        loaded = await registry.get_or_create(
+            session_id, lambda: database_sync_to_async(_load_and_reserve)(session_id)
+        )
     assert loaded is not None  # the factory raises instead of returning None
     return loaded
 
 
-def publish(live: LiveSession, event: Mapping[str, Any]) -> Frame | None:
-    """Publish ``event`` on the session's bus (EB-2) and keep the id reservation ahead.
+def using_redis() -> bool:
+    """Whether the Redis backend is selected (setting ``BACKEND``)."""
+    return get_config().backend == "redis"
+
+
+async def publish(live: LiveSession, event: Mapping[str, Any]) -> Published | None:
+    """Publish ``event`` in the session (EB-2): its id and epoch, or None when closed.
+
+    With the memory backend this is :func:`publish_nowait`. With the Redis backend the
+    id is assigned in Redis and the event reaches every process's subscribers through
+    their readers. Returns None too (one log line) for an event that cannot be framed
+    or serialized: with Redis it must cross processes as JSON.
+
+    Raises:
+        BackendUnavailableError: Redis cannot be reached (the caller answers 503).
+    """
+    if not using_redis():
+        frame = publish_nowait(live, event)
+        return None if frame is None or frame.id is None else Published(frame.id, live.bus.epoch)
+    fields = envelope_fields(event, None)
+    body = encode_envelope(fields) if fields is not None else None
+    if body is None:
+        if fields is not None:
+            logger.warning("publish_refused session=%s reason=not_serializable", live.session_id)
+        return None
+    event_id, epoch = await _publish_redis(live, body, close=False)
+    if event_id is None:
+        return None
+    _keep_reservation_ahead(live, event_id)
+    return Published(event_id, epoch)
+
+
+async def _publish_redis(live: LiveSession, body: bytes, *, close: bool) -> tuple[int | None, str]:
+    """Append ``body`` to the session's stream; ``(None, epoch)`` if the session is closed."""
+    store = redis_store()
+    for _ in range(3):
+        outcome = await store.publish(live.session_id, body, live.ring_size, close=close)
+        if outcome.status == "ok":
+            assert outcome.event_id is not None
+            assert outcome.epoch is not None
+            return outcome.event_id, outcome.epoch
+        if outcome.status == "closed":
+            return None, outcome.epoch or ""
+        # "noepoch": Redis lost the session's data. Reload: a new epoch above the mark.
+        _drop_mirror(live, "epoch_reset")
+        live = await get_live_session(live.session_id)
+    raise BackendUnavailableError("Redis keeps losing the session's data")
+
+
+def publish_nowait(live: LiveSession, event: Mapping[str, Any]) -> Frame | None:
+    """Publish ``event`` on the session's in-memory bus (EB-2); memory backend only.
 
     Never raises and never awaits: the reservation is renewed by a background task once
-    half of the current block is used.
+    half of the current block is used. (With the Redis backend use :func:`publish`.)
     """
     frame = live.bus.publish(event)
     if frame is not None and frame.id is not None:
-        block = get_config().id_reservation_block
-        if frame.id > live.reserved_until - block // 2 and live._renewal is None:
-            live._renewal = _spawn(_renew_reservation(live, block))
-        if frame.id > live.reserved_until:
-            logger.error(
-                "id_reservation_overrun session=%s id=%d reserved_until=%d",
-                live.session_id,
-                frame.id,
-                live.reserved_until,
-            )
+        _keep_reservation_ahead(live, frame.id)
     return frame
 
 
-async def _renew_reservation(live: LiveSession, block: int) -> None:
+def _keep_reservation_ahead(live: LiveSession, event_id: int) -> None:
+    block = get_config().id_reservation_block
+    if event_id > live.reserved_until - block // 2 and live._renewal is None:
+        live._renewal = _spawn(_renew_reservation(live, event_id, block))
+    if event_id > live.reserved_until:
+        logger.error(
+            "id_reservation_overrun session=%s id=%d reserved_until=%d",
+            live.session_id,
+            event_id,
+            live.reserved_until,
+        )
+
+
+async def _renew_reservation(live: LiveSession, event_id: int, block: int) -> None:
     try:
-        target = live.bus.last_event_id + block
+        target = max(event_id, live.bus.last_event_id) + block
         await database_sync_to_async(_save_progress)(live, target)
         live.reserved_until = max(live.reserved_until, target)
     except Exception:
@@ -179,17 +282,24 @@ async def _renew_reservation(live: LiveSession, block: int) -> None:
         live._renewal = None
 
 
-def _save_progress(live: LiveSession, reserved_until: int | None = None, **extra: Any) -> None:
+def _save_progress(
+    live: LiveSession, reserved_until: int | None = None, last_id: int = 0, **extra: Any
+) -> None:
     """Persist the bus's counters (and a new reservation) on the session's row (sync, DB)."""
     stats = live.bus.stats()
     updates: dict[str, Any] = {
-        "last_event_id": stats.last_event_id,
+        "last_event_id": Greatest("last_event_id", max(stats.last_event_id, last_id)),
         "events_published": stats.published,
         "slow_client_warnings": stats.slow_client_warnings,
         "evictions": sum(stats.evictions.values()),
         "peak_subscribers": stats.peak_subscribers,
         **extra,
     }
+    if using_redis():
+        # Several processes save the same row: each one's counters are a lower bound of
+        # the session's, so keep the largest (the live figures are summed, operator_stats).
+        for name in ("events_published", "slow_client_warnings", "evictions", "peak_subscribers"):
+            updates[name] = Greatest(name, updates[name])
     if reserved_until is not None:
         updates["event_id_reserved"] = Greatest("event_id_reserved", reserved_until)
     AgentSession.objects.filter(pk=live.session_id).update(**updates)
@@ -202,7 +312,24 @@ async def close_session(session_id: str, *, reason: str, closed_by: str = "") ->
     :class:`SessionClosedError` (already closed).
     """
     live = await get_live_session(session_id)
-    publish(live, {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}})
+    event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
+    if using_redis():
+        # One script publishes session_closed and marks the session closed in Redis; every
+        # process's reader closes its mirror after delivering it.
+        body = encode_envelope(envelope_fields(event, None) or {})
+        assert body is not None
+        last_id, _ = await _publish_redis(live, body, close=True)
+        if last_id is None:
+            raise SessionClosedError(session_id, live.owner_id)
+        await database_sync_to_async(_save_progress)(
+            live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), last_id=last_id
+        )
+        logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
+        from sessions.dashboard import feed
+
+        feed.note("session_closed", session_id, lastEventId=last_id)
+        return last_id
+    publish_nowait(live, event)
     live.bus.close()
     # The closed bus stays registered until the row says closed: a request arriving in
     # between must see "closed", not reload the still-open row and build a new bus.
@@ -217,7 +344,7 @@ async def close_session(session_id: str, *, reason: str, closed_by: str = "") ->
     return live.bus.last_event_id
 
 
-def snapshot_json(live: LiveSession) -> bytes:
+def snapshot_json(live: LiveSession, subscriber_count: int | None = None) -> bytes:
     """Return the load-session body (section 5): metadata, cursor, epoch and the ring.
 
     Shape: ``{"id", "title", "status", "createdAt", "lastEventId", "epoch",
@@ -225,6 +352,8 @@ def snapshot_json(live: LiveSession) -> bytes:
     starts with a synthetic ``{"v":1,"type":"history_truncated","data":
     {"earliestAvailableId": N}}`` when events before the ring's first were dropped. Event
     bytes are the ones serialized at publish time (``orjson.Fragment``), not re-encoded.
+    ``subscriber_count`` overrides this process's count (the Redis backend's sum over
+    processes, :func:`operator_stats`).
     """
     bus = live.bus
     ring = bus.ring_snapshot()
@@ -244,7 +373,9 @@ def snapshot_json(live: LiveSession) -> bytes:
             "createdAt": live.created_at,
             "lastEventId": bus.last_event_id,
             "epoch": bus.epoch,
-            "subscriberCount": bus.subscriber_count,
+            "subscriberCount": (
+                bus.subscriber_count if subscriber_count is None else subscriber_count
+            ),
             "ringSize": bus.ring_size,
             "earliestAvailableId": earliest,
             "events": events,
@@ -389,12 +520,357 @@ def live_stats(session_ids: Any = None) -> dict[str, BusStats]:
 
 
 async def disconnect_subscribers(session_id: str, *, reason: str) -> int:
-    """End every subscriber of a loaded session with a terminal frame (``disconnect_all``).
+    """End every subscriber of a session with a terminal frame (``disconnect_all``).
 
-    Returns how many were disconnected; 0 when the session is not loaded in this process
-    (then it has no subscriber here). The session stays open; clients may reconnect.
+    Returns how many were disconnected in this process (0 when the session is not loaded
+    here). With the Redis backend every other process is told too (a control message on
+    pub/sub) and does the same with its own subscribers. The session stays open; clients
+    may reconnect.
+
+    Raises:
+        BackendUnavailableError: Redis backend, Redis unreachable (local ones are ended).
     """
     live = registry.get(session_id)
-    if live is None:
-        return 0
-    return live.bus.disconnect_all(reason)
+    count = live.bus.disconnect_all(reason) if live is not None else 0
+    if using_redis():
+        await redis_store().send_control(
+            {"op": "disconnect", "session": session_id, "reason": reason}
+        )
+    return count
+
+
+# -- the Redis backend (issue 6) -----------------------------------------------------------
+
+_store: RedisStore | None = None
+#: How long a subscriber with a cursor waits for this process's mirror to reach it.
+CATCH_UP_TIMEOUT_S = 5.0
+
+
+def redis_store() -> RedisStore:
+    """Return this loop's :class:`RedisStore`, starting its reader on first use (on the loop)."""
+    global _store
+    loop = asyncio.get_running_loop()
+    if _store is None or _store.loop is not loop:
+        config = get_config()
+        _store = RedisStore(
+            config.redis_url, config.redis_key_prefix, process_ttl_s=config.process_ttl_s
+        )
+        _store.start(_on_entries, _on_outage, _on_recovery, _on_control, _make_report)
+    return _store
+
+
+async def close_backend() -> None:
+    """Stop the Redis reader and close its connections (shutdown, tests). Never raises."""
+    global _store
+    store, _store = _store, None
+    if store is not None and not store.loop.is_closed():
+        try:
+            await store.aclose()
+        except Exception:
+            logger.debug("closing the Redis store failed", exc_info=True)
+
+
+def _load_row(session_id: str) -> AgentSession:
+    row = AgentSession.objects.filter(pk=session_id).first()
+    if row is None:
+        raise SessionNotFoundError(session_id)
+    if row.is_closed:
+        raise SessionClosedError(session_id, row.owner_id)
+    return row
+
+
+def _reserve_after_new_epoch(session_id: str, base: int, block: int) -> int:
+    """Move the row's reservation a block above ``base`` and count a bus start (sync, DB)."""
+    target = base + block
+    AgentSession.objects.filter(pk=session_id).update(
+        event_id_reserved=Greatest("event_id_reserved", target),
+        bus_starts=models.F("bus_starts") + 1,
+    )
+    return target
+
+
+async def _load_redis(session_id: str) -> LiveSession:
+    """Load the session's row, make sure Redis has its sequence, and build the mirror."""
+    config = get_config()
+    row = await database_sync_to_async(_load_row)(session_id)
+    store = redis_store()
+    base = row.event_id_reserved
+    epoch, created = await store.ensure_session(session_id, base)
+    reserved_until = base
+    if created:
+        reserved_until = await database_sync_to_async(_reserve_after_new_epoch)(
+            session_id, base, config.id_reservation_block
+        )
+        logger.info(
+            "epoch_started session=%s epoch=%s first_id=%d reserved_until=%d",
+            session_id,
+            epoch,
+            base + 1,
+            reserved_until,
+        )
+    live = LiveSession(
+        session_id=session_id,
+        title=row.title,
+        owner_id=row.owner_id,
+        bus=EventBus(ring_size=1, name=session_id),  # replaced by the mirror below
+        reserved_until=reserved_until,
+        created_at=row.created_at.isoformat(),
+        ring_size=row.ring_size or config.ring_size,
+    )
+    await _build_mirror(live, store)
+    return live
+
+
+async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
+    """Fill a new bus from the shared ring (one MULTI read) and start reading after it."""
+    config = get_config()
+    window = await store.window(live.session_id)
+    if window.head.closed:
+        raise SessionClosedError(live.session_id, live.owner_id)
+    if window.head.epoch is None:  # lost between ensure and read: let the caller retry
+        raise BackendUnavailableError("Redis lost the session's data while loading it")
+    bus = EventBus(
+        ring_size=live.ring_size,
+        max_subscribers=config.max_subscribers,
+        max_queued_bytes=config.max_queued_bytes,
+        start_id=window.first_id,
+        name=live.session_id,
+        epoch=window.head.epoch,
+    )
+    for event_id, body in window.entries:
+        bus.ingest(_frame_from_entry(event_id, body))
+    live.bus = bus
+    store.watch(live.session_id, bus.last_event_id)
+    logger.info(
+        "mirror_loaded session=%s epoch=%s first_id=%d last_event_id=%d entries=%d",
+        live.session_id,
+        bus.epoch,
+        window.first_id,
+        bus.last_event_id,
+        len(window.entries),
+    )
+
+
+def _frame_from_entry(event_id: int, body: bytes) -> Frame:
+    encoded = entry_json(event_id, body)
+    return Frame(orjson.loads(encoded), encoded)
+
+
+def _backend_error_frame() -> Frame:
+    return synthetic_frame(
+        "stream_error", {"error": "event store unavailable", "code": "backend_unavailable"}
+    )
+
+
+def _drop_mirror(live: LiveSession, reason: str) -> None:
+    """Forget a mirror that no longer matches Redis; its subscribers reconnect (new load)."""
+    if registry.get(live.session_id) is live:
+        registry.pop(live.session_id)
+    if _store is not None:
+        _store.unwatch(live.session_id)
+    count = live.bus.disconnect_all(reason)
+    logger.warning(
+        "mirror_dropped session=%s reason=%s subscribers=%d", live.session_id, reason, count
+    )
+
+
+async def subscribe(
+    live: LiveSession,
+    *,
+    last_event_id: int | None = None,
+    max_queued: int,
+    epoch: str | None = None,
+    label: str = "-",
+) -> tuple[LiveSession, Subscription]:
+    """Attach a subscriber (EB-6, EB-7); returns the live session used and the subscription.
+
+    Memory backend: ``live.bus.subscribe``. Redis backend: first checks the session's
+    head in Redis (closed, epoch); a mirror whose epoch Redis no longer has is rebuilt
+    (that is how a client learns of lost data: ``epoch_reset``); a cursor the mirror has
+    not reached yet but Redis has issued is waited for (at most ``CATCH_UP_TIMEOUT_S``),
+    so replay and live meet without loss or repeat on any process.
+
+    Raises:
+        SubscriberLimitExceededError: EB-6.
+        SessionClosedError: the session was closed (Redis knows before the row).
+        BackendUnavailableError: Redis unreachable, or the mirror did not catch up.
+    """
+    if using_redis():
+        live = await _ready_mirror(live, last_event_id)
+    subscription = live.bus.subscribe(
+        last_event_id=last_event_id, max_queued=max_queued, epoch=epoch, label=label
+    )
+    return live, subscription
+
+
+async def _ready_mirror(live: LiveSession, cursor: int | None) -> LiveSession:
+    store = redis_store()
+    for _ in range(3):
+        head = await store.head(live.session_id)
+        if head.closed:
+            raise SessionClosedError(live.session_id, live.owner_id)
+        if head.epoch != live.bus.epoch or registry.get(live.session_id) is not live:
+            if registry.get(live.session_id) is live:
+                _drop_mirror(live, "epoch_reset")
+            live = await get_live_session(live.session_id)
+            continue
+        if cursor is not None and live.bus.last_event_id < cursor <= head.last_event_id:
+            await _caught_up(live, cursor)
+            if registry.get(live.session_id) is not live:
+                continue
+        return live
+    raise BackendUnavailableError("the session's data kept changing in Redis while attaching")
+
+
+async def _caught_up(live: LiveSession, event_id: int) -> None:
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    while live.bus.last_event_id < event_id and registry.get(live.session_id) is live:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BackendUnavailableError(
+                f"this process's reader did not reach event {event_id} in time"
+            )
+        try:
+            async with asyncio.timeout(remaining):
+                await live._advanced.wait()
+        except TimeoutError:
+            continue
+
+
+def _on_entries(session_id: str, entries: list[tuple[int, bytes]]) -> None:
+    """The reader's callback: feed a session's new stream entries to its mirror, in order."""
+    live = registry.get(session_id)
+    if live is None or live.bus.closed:
+        if _store is not None:
+            _store.unwatch(session_id)
+        return
+    bus = live.bus
+    for event_id, body in entries:
+        if event_id < bus.next_id:
+            continue  # already taken (the window read and the reader overlapped)
+        frame = _frame_from_entry(event_id, body)
+        if not bus.ingest(frame):
+            # A gap: the reader fell more than a ring behind, or Redis started a new epoch
+            # (lost data) whose ids continue above ours. Either way the mirror is stale.
+            _drop_mirror(live, "mirror_gap")
+            break
+        if frame.type == "session_closed":
+            bus.close()
+            if _store is not None:
+                _store.unwatch(session_id)
+            break
+    advanced, live._advanced = live._advanced, asyncio.Event()
+    advanced.set()
+
+
+def _on_outage(error: BaseException) -> None:
+    """Redis went away: end every open stream with ``stream_error`` and forget the mirrors."""
+    frame = _backend_error_frame()
+    ended = 0
+    for live in registry.values():
+        ended += live.bus.disconnect_all("backend_unavailable", frame=frame)
+        if _store is not None:
+            _store.unwatch(live.session_id)
+        live._advanced.set()  # wake any waiting subscriber: it fails, its client retries
+    registry.clear()
+    logger.error("streams_ended reason=backend_unavailable subscribers=%d", ended)
+
+
+def _on_recovery() -> None:
+    """Redis is back: nothing to do here, mirrors are rebuilt as clients come back."""
+
+
+def _on_control(message: Mapping[str, Any]) -> None:
+    """A control message from another process (pub/sub)."""
+    if message.get("op") == "disconnect":
+        live = registry.get(str(message.get("session")))
+        if live is not None:
+            live.bus.disconnect_all(str(message.get("reason") or "operator"))
+
+
+def _make_report() -> dict[str, Any]:
+    """This process's live figures for operators (written to Redis with a TTL)."""
+    sessions: dict[str, Any] = {}
+    for session_id, stats in live_stats().items():
+        sessions[session_id] = _stats_to_json(stats)
+    return {"at": time.time(), "sessions": sessions}
+
+
+def _stats_to_json(stats: BusStats) -> dict[str, Any]:
+    return {
+        "published": stats.published,
+        "slow_client_warnings": stats.slow_client_warnings,
+        "evictions": dict(stats.evictions),
+        "resyncs": dict(stats.resyncs),
+        "replayed_frames": stats.replayed_frames,
+        "subscriber_count": stats.subscriber_count,
+        "peak_subscribers": stats.peak_subscribers,
+        "ring_length": stats.ring_length,
+        "ring_size": stats.ring_size,
+        "earliest_id": stats.earliest_id,
+        "last_event_id": stats.last_event_id,
+        "epoch": stats.epoch,
+        "closed": stats.closed,
+    }
+
+
+def merge_reports(
+    reports: Sequence[Mapping[str, Any]], session_ids: Any = None
+) -> dict[str, BusStats]:
+    """Sum the processes' reports into one :class:`BusStats` per session (operators).
+
+    Subscriber counts, warnings, evictions, resyncs and replayed frames are sums over the
+    processes; ``peak_subscribers`` is the sum of the processes' peaks (an upper bound);
+    ``published``, ``last_event_id`` and the ring figures come from the process that has
+    seen the most events. Never raises on a well-formed report.
+    """
+    wanted = None if session_ids is None else set(session_ids)
+    merged: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        for session_id, figures in (report.get("sessions") or {}).items():
+            if wanted is not None and session_id not in wanted:
+                continue
+            into = merged.get(session_id)
+            if into is None:
+                merged[session_id] = {
+                    **figures,
+                    "evictions": dict(figures["evictions"]),
+                    "resyncs": dict(figures["resyncs"]),
+                }
+                continue
+            for name in ("slow_client_warnings", "replayed_frames", "subscriber_count"):
+                into[name] += figures[name]
+            into["peak_subscribers"] += figures["peak_subscribers"]
+            for name in ("evictions", "resyncs"):
+                for reason, count in figures[name].items():
+                    into[name][reason] = into[name].get(reason, 0) + count
+            if figures["last_event_id"] > into["last_event_id"]:
+                for name in ("published", "last_event_id", "ring_length", "earliest_id", "epoch"):
+                    into[name] = figures[name]
+            into["closed"] = into["closed"] or figures["closed"]
+    return {
+        session_id: BusStats(
+            **{
+                **figures,
+                "evictions": MappingProxyType(figures["evictions"]),
+                "resyncs": MappingProxyType(figures["resyncs"]),
+            }
+        )
+        for session_id, figures in merged.items()
+    }
+
+
+async def operator_stats(session_ids: Any = None) -> dict[str, BusStats]:
+    """Live figures per session for operators, on the loop: this process's (memory
+    backend) or the sum over every live process (Redis backend; this process's own
+    figures are taken fresh, the others' are at most ``PROCESS_TTL_S / 4`` old).
+
+    Raises:
+        BackendUnavailableError: Redis backend, Redis unreachable.
+    """
+    if not using_redis():
+        return live_stats(session_ids)
+    store = redis_store()
+    reports = [r for r in await store.reports() if r.get("process") != store.process_uid]
+    reports.append(_make_report())
+    return merge_reports(reports, session_ids)

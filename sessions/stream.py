@@ -244,7 +244,8 @@ class SessionEventStream:
         live = admission.live
         connection_id = uuid.uuid4()
         try:
-            subscription = live.bus.subscribe(
+            live, subscription = await runtime.subscribe(
+                live,
                 last_event_id=admission.last_event_id,
                 max_queued=admission.max_queued,
                 epoch=admission.epoch,
@@ -252,6 +253,13 @@ class SessionEventStream:
             )
         except SubscriberLimitExceededError as exc:
             await self._limit_reached(send, live, exc.limit)
+            return
+        except runtime.SessionClosedError:
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        except runtime.BackendUnavailableError as exc:
+            await self._reject(send, scope, session_id, _unavailable(exc))
             return
         record: records.ConnectionRecord | None = None
         try:
@@ -319,6 +327,8 @@ class SessionEventStream:
             live = await runtime.get_live_session(session_id)
         except runtime.SessionNotFoundError:
             raise _Reject(404, "not_found", "unknown session") from None
+        except runtime.BackendUnavailableError as exc:
+            raise _unavailable(exc) from None
         except runtime.SessionClosedError as closed:
             owner_id = closed.owner_id  # the 204 is for readers only (EB-12 before EB-15)
             if authorization is None and not (is_staff or owner_id == user_id):
@@ -469,8 +479,20 @@ class SessionEventStream:
         headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
         if reject.status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="qwenweb"'))
+        if reject.status == 503:
+            headers.append((b"retry-after", b"3"))
         await send({"type": "http.response.start", "status": reject.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _unavailable(exc: Exception) -> _Reject:
+    """A 503 for a stream that cannot be served because Redis is out of reach (issue 6)."""
+    return _Reject(
+        503,
+        "backend_unavailable",
+        "the event store (Redis) is unavailable; try again shortly",
+        log_extra=f" detail={sanitize_for_log(str(exc), 200)!r}",
+    )
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:

@@ -283,7 +283,8 @@ def api_view(*methods: str) -> Callable[[_View], _View]:
     """Make an async view a JSON API endpoint accepting ``methods``.
 
     Other methods get a JSON 405 with ``Allow``; an ``ApiError`` raised inside becomes its
-    JSON error and one log line; a database failure becomes a JSON 503 (never a 500 page).
+    JSON error and one log line; a database failure, or the Redis backend out of reach,
+    becomes a JSON 503 (never a 500 page).
     CSRF is checked by ``_authenticate`` for login-session callers only (bearer tokens are
     not ambient credentials), so Django's middleware is told to skip these views.
     """
@@ -310,6 +311,20 @@ def api_view(*methods: str) -> Callable[[_View], _View]:
                     sanitize_for_log(str(exc), 200),
                 )
                 return error_response(503, "unavailable", "the database is busy; try again")
+            except runtime.BackendUnavailableError as exc:
+                logger.error(
+                    "backend_unavailable method=%s path=%s error=%s",
+                    request.method,
+                    sanitize_for_log(request.path, 120),
+                    sanitize_for_log(str(exc), 200),
+                )
+                response = error_response(
+                    503,
+                    "backend_unavailable",
+                    "the event store (Redis) is unavailable; try again shortly",
+                )
+                response["Retry-After"] = "3"
+                return response
 
         return wrapper
 
@@ -442,7 +457,11 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
                 "events": [],
             }
         )
-    return HttpResponse(runtime.snapshot_json(live), content_type="application/json")
+    subscribers = None
+    if runtime.using_redis():  # every process's subscribers, not only this one's
+        stats = (await runtime.operator_stats([session_id])).get(session_id)
+        subscribers = stats.subscriber_count if stats is not None else 0
+    return HttpResponse(runtime.snapshot_json(live, subscribers), content_type="application/json")
 
 
 @api_view("POST")
@@ -462,10 +481,10 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
         live = await _open_session(principal, session_id, "publish")
     except runtime.SessionClosedError:
         raise ApiError(409, "session_closed", "the session is closed") from None
-    frame = runtime.publish(live, event)
-    if frame is None:
+    published = await runtime.publish(live, event)
+    if published is None:
         raise ApiError(409, "session_closed", "the session is closed")
-    return JsonResponse({"id": frame.id, "epoch": live.bus.epoch})
+    return JsonResponse({"id": published.id, "epoch": published.epoch})
 
 
 @api_view("POST")

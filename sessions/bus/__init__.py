@@ -17,6 +17,8 @@ from sessions.bus.eventbus import (
     Subscription,
     SubscriptionStats,
     disconnect_frame,
+    encode_envelope,
+    envelope_fields,
     is_valid_epoch,
     synthetic_frame,
 )
@@ -40,6 +42,8 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "disconnect_frame",
+    "encode_envelope",
+    "envelope_fields",
     "is_valid_epoch",
     "synthetic_frame",
 ]

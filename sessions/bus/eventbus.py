@@ -61,6 +61,8 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "disconnect_frame",
+    "encode_envelope",
+    "envelope_fields",
     "is_valid_epoch",
     "synthetic_frame",
 ]
@@ -441,6 +443,8 @@ class EventBus:
         start_id: the first id this bus assigns (``>= 1``); a bus rebuilt after a
             restart starts above every id issued before (spec section 5).
         name: what log lines call this bus (``session=<name>``): the session id.
+        epoch: the bus's epoch token (``[A-Za-z0-9_-]{1,64}``); None draws a random one.
+            A mirror of a shared store (:meth:`ingest`) takes the store's epoch.
 
     Raises:
         ValueError: ``ring_size`` outside ``[1, 1_000_000]`` (the message names the
@@ -457,6 +461,7 @@ class EventBus:
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         start_id: int = 1,
         name: str = "-",
+        epoch: str | None = None,
     ) -> None:
         for argument, value in (
             ("ring_size", ring_size),
@@ -471,6 +476,8 @@ class EventBus:
             raise ValueError(f"max_subscribers must be >= 1, got {max_subscribers}")
         if not 1 <= start_id <= MAX_SAFE_INTEGER:
             raise ValueError(f"start_id must be in [1, 2**53 - 1], got {start_id}")
+        if epoch is not None and not is_valid_epoch(epoch):
+            raise ValueError("epoch must match [A-Za-z0-9_-]{1,64}")
         if not _is_int(max_queued_bytes) or not 1 <= max_queued_bytes <= MAX_SAFE_INTEGER:
             raise TypeError(
                 f"max_queued_bytes must be a positive int <= 2**53 - 1, got {max_queued_bytes!r}"
@@ -480,7 +487,7 @@ class EventBus:
         self.max_queued_bytes = max_queued_bytes
         self.start_id = start_id
         self.name = name
-        self._epoch = secrets.token_urlsafe(12)
+        self._epoch = epoch if epoch is not None else secrets.token_urlsafe(12)
         self._next_id = start_id
         self._ring: deque[Frame] = deque(maxlen=ring_size)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
@@ -563,35 +570,36 @@ class EventBus:
     def _publish(self, event: Mapping[str, Any]) -> Frame | None:
         if self._closed:
             return None
-        event_type = event.get("type") if isinstance(event, Mapping) else None
-        if (
-            not isinstance(event_type, str)
-            or not event_type
-            or any(ch in event_type for ch in _FORBIDDEN_TYPE_CHARS)
-        ):
-            logger.warning("publish refused: type must be a non-empty string without CR/LF/NUL")
-            return None
         event_id = self._next_id
-        meta_in = event.get("_meta")
-        meta = dict(meta_in) if isinstance(meta_in, Mapping) else {}
-        stamp = meta.get("serverTimestamp")
-        if not _is_timestamp(stamp):
-            meta["serverTimestamp"] = time.time_ns() // 1_000_000
-        fields: dict[str, Any] = {
-            "id": event_id,
-            "v": EVENT_SCHEMA_VERSION,
-            "type": event_type,
-        }
-        if "data" in event:
-            fields["data"] = event["data"]
-        fields["_meta"] = meta
-        originator = event.get("originatorClientId")
-        if originator is not None:
-            fields["originatorClientId"] = originator
+        fields = envelope_fields(event, event_id)
+        if fields is None:
+            return None
         encoded = _dumps(fields)
         if encoded is None:
-            logger.warning("event %d (%s) data is not JSON-serializable", event_id, event_type)
+            logger.warning("event %d (%s) data is not JSON-serializable", event_id, fields["type"])
         frame = Frame(fields, encoded)
+        self._deliver(frame, event_id)
+        return frame
+
+    def ingest(self, frame: Frame) -> bool:
+        """Take an event whose id was assigned elsewhere (a shared store), as ``publish`` would.
+
+        For a bus that mirrors a shared ring (the Redis backend): ``frame`` must be a real
+        event (``frame.id`` set) and the next one in sequence, ``frame.id == next_id``.
+        It is appended to the ring and delivered to every subscriber with the same
+        overflow rules as ``publish`` (EB-3 ... EB-5).
+
+        Returns True if ingested; False (and does nothing) when the bus is closed or the
+        id is not ``next_id`` (a repeat or a gap: the caller resynchronizes the mirror).
+        Never raises, never awaits.
+        """
+        event_id = frame.id
+        if self._closed or event_id is None or event_id != self._next_id:
+            return False
+        self._deliver(frame, event_id)
+        return True
+
+    def _deliver(self, frame: Frame, event_id: int) -> None:
         self._next_id = event_id + 1
         self._ring.append(frame)  # deque(maxlen=...) drops the oldest in O(1)
         self._counters.published += 1
@@ -604,7 +612,6 @@ class EventBus:
                 self._check_warning(sub, event_id)
         for sub, reason in evicted:
             self._evict(sub, reason, frame)
-        return frame
 
     def _check_warning(self, sub: Subscription, last_event_id: int) -> None:
         """EB-4: warn once per overflow episode, re-arm at 37.5 % of both caps."""
@@ -823,7 +830,7 @@ class EventBus:
         for sub in subscribers:
             sub._end("closed")
 
-    def disconnect_all(self, reason: str) -> int:
+    def disconnect_all(self, reason: str, *, frame: Frame | None = None) -> int:
         """End every subscription now with a terminal frame, like :meth:`close` (EB-9).
 
         Each attached subscriber gets :func:`disconnect_frame` (``stream_error``, code
@@ -834,13 +841,17 @@ class EventBus:
         :meth:`close`, the bus stays open: ``publish`` and ``subscribe`` go on working
         and clients may reconnect with their cursor.
 
+        ``frame`` replaces that terminal frame (a synthetic ``stream_error`` of the
+        caller's, e.g. the Redis backend's ``backend_unavailable``).
+
         Returns the number of subscribers disconnected (0 on a closed bus). Never raises,
         never awaits; logs one line when it disconnects anyone.
         """
         subscribers = list(self._subscribers)
         self._subscribers.clear()
+        terminal = frame if frame is not None else disconnect_frame(reason)
         for sub in subscribers:
-            sub._force_push(disconnect_frame(reason))
+            sub._force_push(terminal)
             sub._end("disconnected")
         if subscribers:
             logger.info(
@@ -856,6 +867,43 @@ class EventBus:
             f"<EventBus epoch={self.epoch} last_event_id={self.last_event_id} "
             f"subscribers={len(self._subscribers)} closed={self._closed}>"
         )
+
+
+def envelope_fields(event: Mapping[str, Any], event_id: int | None) -> dict[str, Any] | None:
+    """Return the envelope of ``event`` in key order (spec section 2), or None if refused.
+
+    ``event_id`` None leaves ``id`` out (a shared store assigns it later). Stamps
+    ``_meta.serverTimestamp`` (epoch ms) unless the caller gave a finite one (EB-2).
+    Returns None, with one log line, when ``type`` is missing, empty or holds CR/LF/NUL.
+    Never raises.
+    """
+    event_type = event.get("type") if isinstance(event, Mapping) else None
+    if (
+        not isinstance(event_type, str)
+        or not event_type
+        or any(ch in event_type for ch in _FORBIDDEN_TYPE_CHARS)
+    ):
+        logger.warning("publish refused: type must be a non-empty string without CR/LF/NUL")
+        return None
+    meta_in = event.get("_meta")
+    meta = dict(meta_in) if isinstance(meta_in, Mapping) else {}
+    if not _is_timestamp(meta.get("serverTimestamp")):
+        meta["serverTimestamp"] = time.time_ns() // 1_000_000
+    fields: dict[str, Any] = {} if event_id is None else {"id": event_id}
+    fields["v"] = EVENT_SCHEMA_VERSION
+    fields["type"] = event_type
+    if "data" in event:
+        fields["data"] = event["data"]
+    fields["_meta"] = meta
+    originator = event.get("originatorClientId")
+    if originator is not None:
+        fields["originatorClientId"] = originator
+    return fields
+
+
+def encode_envelope(fields: Mapping[str, Any]) -> bytes | None:
+    """Compact UTF-8 JSON of an envelope (spec section 2), or None if not serializable."""
+    return _dumps(fields)
 
 
 def _is_int(value: object) -> bool:

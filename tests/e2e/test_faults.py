@@ -26,7 +26,6 @@ import socket
 import sqlite3
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from tests.support.server import (
     free_port,
     open_stream,
     request_json,
+    serve_argv,
     server_env,
     wait_for,
 )
@@ -51,10 +51,6 @@ from tests.support.server import (
 pytestmark = [pytest.mark.e2e]
 
 CURL = "/usr/bin/curl"
-
-
-def serve_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
 
 
 def _start_serve(database: Path, log_path: Path) -> ServerProcess:

@@ -30,6 +30,7 @@ from tests.support.server import (
     free_port,
     migrate,
     open_stream,
+    serve_argv,
     server_env,
     wait_for,
 )
@@ -40,10 +41,6 @@ pytestmark = [pytest.mark.e2e]
 EVENT_BYTES = 64 * 1024
 MAX_EVENTS = 1000
 WAIT_S = 20.0
-
-
-def serve_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
 
 
 def uvicorn_argv(port: int, *extra: str) -> list[str]:

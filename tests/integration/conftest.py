@@ -391,7 +391,7 @@ def burst(session_id: str, count: int, event_type: str = "burst") -> None:
     live = runtime.registry.get(session_id)
     assert live is not None, f"session {session_id} is not loaded"
     for n in range(count):
-        assert runtime.publish(live, {"type": event_type, "data": {"n": n}}) is not None
+        assert runtime.publish_nowait(live, {"type": event_type, "data": {"n": n}}) is not None
 
 
 def assert_error(response: Response | Stream, status: int, code: str) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def test_session_list_shows_the_numbers_of_the_bus_stats(server_loop, staff):
         kept = [live.bus.subscribe(), live.bus.subscribe()]
         slow = live.bus.subscribe(max_queued=2)  # warned at 2, evicted at the 3rd
         for n in range(5):
-            runtime.publish(live, {"type": "step", "data": {"n": n}})
+            runtime.publish_nowait(live, {"type": "step", "data": {"n": n}})
         assert slow.evicted
         return kept
 
@@ -154,7 +154,7 @@ def test_session_page_shows_connections_and_incidents_newest_first_with_payloads
 def test_session_page_shows_the_live_numbers_of_a_loaded_bus(server_loop, staff):
     sid = session().id
     live = load(server_loop, sid)
-    on_loop(server_loop, lambda: runtime.publish(live, {"type": "step", "data": None}))
+    on_loop(server_loop, lambda: runtime.publish_nowait(live, {"type": "step", "data": None}))
     html = staff.get(reverse("admin:agent_sessions_agentsession_change", args=[sid])).content
     assert f"<td>{live.bus.epoch}</td>".encode() in html
     assert b"<th>events published</th><td>1</td>" in html

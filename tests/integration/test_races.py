@@ -136,7 +136,8 @@ async def test_stream_with_cursor_during_publishing_sees_every_id_once_in_order(
         join_after, lag = _plan(rep)
         last = bus.last_event_id + EVENTS_PER_REPETITION
         publisher = _PacedPublisher(
-            lambda n: runtime.publish(live, {"type": "race", "data": n}), EVENTS_PER_REPETITION
+            lambda n: runtime.publish_nowait(live, {"type": "race", "data": n}),
+            EVENTS_PER_REPETITION,
         )
         task = asyncio.create_task(publisher.run())
         async with asyncio.timeout(WAIT_S):

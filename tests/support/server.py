@@ -120,6 +120,11 @@ def daphne_argv(port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def serve_argv(port: int) -> list[str]:
+    """The production entry point: daphne with flow control (``python -m qwenweb.serve``)."""
+    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
+
+
 def runserver_argv(port: int, *extra: str) -> list[str]:
     return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", *extra]
 

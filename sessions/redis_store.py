@@ -1,0 +1,455 @@
+"""The shared ring of the Redis backend: ids, epochs and replay in Redis (issue 6).
+
+Layout (``P`` = the key prefix, ``S`` = a session id; the ``{S}`` hash tag keeps a
+session's keys in one Redis Cluster slot):
+
+``P:s:{S}:meta``   hash: ``epoch`` (token of the current id sequence), ``last`` (last id
+                   issued), ``first`` (first id of this epoch), ``closed`` (id of the
+                   ``session_closed`` event, once closed).
+``P:s:{S}:stream`` a Redis Stream, the shared ring: entry ``<id>-0`` holds ``e`` = the
+                   event's compact JSON envelope *without* its ``id`` (the id is the
+                   entry id); trimmed exactly to the ring size (``MAXLEN``).
+``P:proc:<uid>``   one process's report (JSON), written with a TTL.
+``P:procs``        sorted set of process uids by last report time.
+``P:proc:<uid>:wake`` a one-entry stream whose new entry wakes that process's reader.
+``P:control``      pub/sub channel of control messages (disconnect a session's subscribers).
+
+Ids are assigned by one Lua script (``HINCRBY`` + ``XADD`` together), so they are plain
+integers without gaps in an epoch, whatever process publishes. If Redis loses a session's
+data, :meth:`RedisStore.ensure_session` starts a new epoch whose ids continue above a
+base the caller gives (the database's reserved high-water mark), so an old cursor is
+recognised (EB-7).
+
+Concurrency model: a store belongs to the event loop that created it (redis.asyncio
+connections are bound to their loop), like the buses it feeds (EB-11). One *reader task*
+per process runs ``XREAD BLOCK`` over every watched stream on a dedicated connection and
+hands each entry to a callback on the loop; it never awaits the consumers, so local
+backpressure stays local. This module imports nothing from Django.
+
+Errors: every network method raises :class:`BackendUnavailableError` when Redis cannot be
+reached or does not answer in time; the reader reports outages through its callbacks and
+reconnects by itself (exponential backoff, 0.1 s doubling to 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+import redis.asyncio as redis_asyncio
+from redis import exceptions as redis_errors
+
+__all__ = [
+    "BackendUnavailableError",
+    "PublishOutcome",
+    "RedisStore",
+    "SessionHead",
+    "SessionWindow",
+]
+
+logger = logging.getLogger("qwenweb.redis")
+
+_CONNECT_TIMEOUT_S: Final = 2.0
+_COMMAND_TIMEOUT_S: Final = 5.0
+_READ_BLOCK_MS: Final = 5000
+_READ_COUNT: Final = 1000
+_BACKOFF_START_S: Final = 0.1
+_BACKOFF_MAX_S: Final = 5.0
+
+#: The errors that mean "Redis is not there right now" (not a bug in our commands).
+_UNAVAILABLE: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    OSError,
+)
+
+# KEYS: meta, stream. ARGV: envelope JSON without id, ring size, "1" to close after it.
+# -> {"ok", epoch, id} | {"closed", epoch} | {"noepoch"}
+_PUBLISH_LUA: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return {'noepoch'} end
+if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} end
+local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'closed', id) end
+return {'ok', epoch, id}
+"""
+
+# KEYS: meta, stream. ARGV: new epoch, base id (ids continue at base + 1).
+# -> {epoch, created (0/1)}
+_ENSURE_LUA: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if epoch then return {epoch, 0} end
+redis.call('DEL', KEYS[2])
+local base = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'last', base, 'first', base + 1)
+return {ARGV[1], 1}
+"""
+
+
+class BackendUnavailableError(Exception):
+    """Redis could not be reached or did not answer in time (a 503 for callers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHead:
+    """A session's sequence as Redis has it: ``epoch`` None means Redis has no data."""
+
+    epoch: str | None
+    last_event_id: int
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWindow:
+    """The shared ring read in one transaction: the head and the entries, oldest first.
+
+    ``entries`` holds ``(id, envelope JSON without id)`` pairs.
+    """
+
+    head: SessionHead
+    first_id: int
+    entries: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOutcome:
+    """What the publish script did: ``status`` is ``ok``, ``closed`` or ``noepoch``."""
+
+    status: str
+    epoch: str | None = None
+    event_id: int | None = None
+
+
+EntryHandler = Callable[[str, list[tuple[int, bytes]]], None]
+OutageHandler = Callable[[BaseException], None]
+RecoveryHandler = Callable[[], None]
+ControlHandler = Callable[[Mapping[str, Any]], None]
+
+
+def entry_json(event_id: int, body: bytes) -> bytes:
+    """Return the full envelope JSON: ``body`` (``{"v":…}``) with ``"id"`` put first."""
+    return b'{"id":%d,%s' % (event_id, body[1:])
+
+
+class RedisStore:
+    """The Redis side of the backend for one process and one event loop.
+
+    Must be created on the loop it will serve (``loop``).
+
+    Args:
+        url: a redis-py URL (``redis://host:port/db``).
+        prefix: the key prefix (several deployments or test runs can share one Redis).
+        process_ttl_s: how long a process's report stays without being renewed.
+    """
+
+    def __init__(self, url: str, prefix: str, *, process_ttl_s: float = 10.0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.process_ttl_s = process_ttl_s
+        self.process_uid = secrets.token_hex(8)
+        self.loop = asyncio.get_running_loop()
+        self.client = redis_asyncio.Redis.from_url(
+            url,
+            socket_connect_timeout=_CONNECT_TIMEOUT_S,
+            socket_timeout=_COMMAND_TIMEOUT_S,
+            retry_on_timeout=False,
+        )
+        self._publish_script = self.client.register_script(_PUBLISH_LUA)
+        self._ensure_script = self.client.register_script(_ENSURE_LUA)
+        self._watched: dict[str, int] = {}  # session id -> last id handed to the handler
+        self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
+        self._wake_seen = b"0-0"
+        self._tasks: list[asyncio.Task[None]] = []
+        self.available = True
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def meta_key(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{{{session_id}}}:meta"
+
+    def stream_key(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{{{session_id}}}:stream"
+
+    @property
+    def control_channel(self) -> str:
+        return f"{self.prefix}:control"
+
+    # -- commands ----------------------------------------------------------------------------
+
+    async def ensure_session(self, session_id: str, base_id: int) -> tuple[str, bool]:
+        """Return ``(epoch, created)``; start a new epoch at ``base_id + 1`` if Redis has none.
+
+        Raises :class:`BackendUnavailableError`.
+        """
+        keys = [self.meta_key(session_id), self.stream_key(session_id)]
+        new_epoch = secrets.token_urlsafe(12)
+        with _unavailable_as_error():
+            epoch, created = await self._ensure_script(keys=keys, args=[new_epoch, base_id])
+        return _text(epoch), bool(created)
+
+    async def head(self, session_id: str) -> SessionHead:
+        """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
+        with _unavailable_as_error():
+            epoch, last, closed = await self.client.hmget(
+                self.meta_key(session_id), ["epoch", "last", "closed"]
+            )
+        return SessionHead(
+            epoch=_text(epoch) if epoch is not None else None,
+            last_event_id=int(last or 0),
+            closed=closed is not None,
+        )
+
+    async def window(self, session_id: str) -> SessionWindow:
+        """Read the head and every entry of the shared ring in one transaction (MULTI).
+
+        Raises :class:`BackendUnavailableError`.
+        """
+        with _unavailable_as_error():
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hmget(self.meta_key(session_id), ["epoch", "last", "closed"])
+                pipe.xrange(self.stream_key(session_id), "-", "+")
+                (epoch, last, closed), raw_entries = await pipe.execute()
+        head = SessionHead(
+            epoch=_text(epoch) if epoch is not None else None,
+            last_event_id=int(last or 0),
+            closed=closed is not None,
+        )
+        entries = tuple((_entry_id(entry_id), fields[b"e"]) for entry_id, fields in raw_entries)
+        first_id = entries[0][0] if entries else head.last_event_id + 1
+        return SessionWindow(head=head, first_id=max(1, first_id), entries=entries)
+
+    async def publish(
+        self, session_id: str, body: bytes, ring_size: int, *, close: bool = False
+    ) -> PublishOutcome:
+        """Assign the next id and append ``body`` to the shared ring (trimmed to ``ring_size``).
+
+        ``body`` is the compact JSON envelope without ``id`` (it must start with ``{"v":``).
+        ``close`` marks the session closed after this event (``session_closed``).
+        Raises :class:`BackendUnavailableError`.
+        """
+        keys = [self.meta_key(session_id), self.stream_key(session_id)]
+        with _unavailable_as_error():
+            reply = await self._publish_script(
+                keys=keys, args=[body, ring_size, "1" if close else "0"]
+            )
+        status = _text(reply[0])
+        if status == "ok":
+            return PublishOutcome("ok", _text(reply[1]), int(reply[2]))
+        if status == "closed":
+            return PublishOutcome("closed", _text(reply[1]))
+        return PublishOutcome("noepoch")
+
+    async def send_control(self, message: Mapping[str, Any]) -> int:
+        """Publish a control message to every process; returns how many received it."""
+        payload = orjson.dumps({**message, "from": self.process_uid})
+        with _unavailable_as_error():
+            return int(await self.client.publish(self.control_channel, payload))
+
+    async def report(self, report: Mapping[str, Any]) -> None:
+        """Write this process's report with the TTL and note the process as alive."""
+        now = time.time()
+        ttl_ms = max(1, int(self.process_ttl_s * 1000))
+        key = f"{self.prefix}:proc:{self.process_uid}"
+        with _unavailable_as_error():
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.set(key, orjson.dumps({**report, "process": self.process_uid}), px=ttl_ms)
+                pipe.zadd(f"{self.prefix}:procs", {self.process_uid: now})
+                pipe.zremrangebyscore(f"{self.prefix}:procs", "-inf", now - 10 * self.process_ttl_s)
+                await pipe.execute()
+
+    async def reports(self) -> list[dict[str, Any]]:
+        """Return the reports of every live process (expired ones are gone)."""
+        with _unavailable_as_error():
+            uids = await self.client.zrange(f"{self.prefix}:procs", 0, -1)
+            if not uids:
+                return []
+            raw = await self.client.mget([f"{self.prefix}:proc:{_text(uid)}" for uid in uids])
+        return [orjson.loads(item) for item in raw if item is not None]
+
+    # -- the reader -------------------------------------------------------------------------
+
+    def watch(self, session_id: str, after_id: int) -> None:
+        """Deliver the session's entries after ``after_id`` to the entry handler from now on."""
+        self._watched[session_id] = after_id
+        self._wake()
+
+    def unwatch(self, session_id: str) -> None:
+        """Stop reading the session's stream. Never raises."""
+        self._watched.pop(session_id, None)
+
+    def watching(self, session_id: str) -> bool:
+        return session_id in self._watched
+
+    def _wake(self) -> None:
+        """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream)."""
+        if not self._tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_wake())
+        self._tasks.append(task)
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("wake failed: %r", task.exception())
+
+    async def _send_wake(self) -> None:
+        with contextlib.suppress(*_UNAVAILABLE):
+            await self.client.xadd(self._wake_key, {"w": "1"}, maxlen=1)
+
+    def start(
+        self,
+        on_entries: EntryHandler,
+        on_outage: OutageHandler,
+        on_recovery: RecoveryHandler,
+        on_control: ControlHandler,
+        make_report: Callable[[], Mapping[str, Any]],
+    ) -> None:
+        """Start the reader, the control listener and the reporter on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._read_forever(on_entries, on_outage, on_recovery)),
+            loop.create_task(self._listen_forever(on_control)),
+            loop.create_task(self._report_forever(make_report)),
+        ]
+
+    async def _read_forever(
+        self, on_entries: EntryHandler, on_outage: OutageHandler, on_recovery: RecoveryHandler
+    ) -> None:
+        backoff = _BACKOFF_START_S
+        reader = redis_asyncio.Redis.from_url(
+            self.url,
+            socket_connect_timeout=_CONNECT_TIMEOUT_S,
+            socket_timeout=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
+            single_connection_client=True,
+        )
+        try:
+            while True:
+                try:
+                    await self._read_once(reader, on_entries)
+                    if not self.available:
+                        self.available = True
+                        logger.warning("backend_recovered url=%s", _safe_url(self.url))
+                        on_recovery()
+                    backoff = _BACKOFF_START_S
+                except _UNAVAILABLE as exc:
+                    if self.available:
+                        self.available = False
+                        logger.error(
+                            "backend_unavailable url=%s error=%s",
+                            _safe_url(self.url),
+                            f"{type(exc).__name__}: {exc}",
+                        )
+                        on_outage(exc)
+                    with contextlib.suppress(Exception):
+                        await reader.connection.disconnect()  # type: ignore[union-attr]
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
+
+    async def _read_once(self, reader: redis_asyncio.Redis, on_entries: EntryHandler) -> None:
+        streams: dict[Any, Any] = {self._wake_key: self._wake_seen}
+        by_key: dict[str, str] = {}
+        for session_id, after in self._watched.items():
+            key = self.stream_key(session_id)
+            by_key[key] = session_id
+            streams[key] = f"{after}-0"
+        if not self.available:  # after an outage: answer recovery at once, not after BLOCK
+            await reader.ping()
+            return
+        reply: Any = await reader.xread(streams, count=_READ_COUNT, block=_READ_BLOCK_MS)
+        for raw_key, raw_entries in reply or ():
+            key = _text(raw_key)
+            if key == self._wake_key:
+                if raw_entries:
+                    self._wake_seen = raw_entries[-1][0]
+                continue
+            watched_id = by_key.get(key)
+            if watched_id is None or watched_id not in self._watched or not raw_entries:
+                continue
+            entries = [(_entry_id(entry_id), fields[b"e"]) for entry_id, fields in raw_entries]
+            self._watched[watched_id] = entries[-1][0]
+            on_entries(watched_id, entries)
+
+    async def _listen_forever(self, on_control: ControlHandler) -> None:
+        backoff = _BACKOFF_START_S
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.control_channel)
+                backoff = _BACKOFF_START_S
+                while True:
+                    message = await pubsub.get_message(timeout=_READ_BLOCK_MS / 1000)
+                    if message is None:
+                        continue
+                    try:
+                        decoded = orjson.loads(message["data"])
+                    except orjson.JSONDecodeError:
+                        logger.warning("control_message_ignored reason=not_json")
+                        continue
+                    if isinstance(decoded, dict) and decoded.get("from") != self.process_uid:
+                        on_control(decoded)
+            except _UNAVAILABLE:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _report_forever(self, make_report: Callable[[], Mapping[str, Any]]) -> None:
+        interval = max(0.05, self.process_ttl_s / 4)
+        while True:
+            with contextlib.suppress(BackendUnavailableError):
+                await self.report(make_report())
+            await asyncio.sleep(interval)
+
+    async def aclose(self) -> None:
+        """Stop the tasks, forget this process's report and close the connections."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.client.delete(f"{self.prefix}:proc:{self.process_uid}", self._wake_key)
+            await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+
+
+@contextlib.contextmanager
+def _unavailable_as_error() -> Any:
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry_id(raw: bytes | str) -> int:
+    text = _text(raw)
+    return int(text.partition("-")[0])
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for log lines."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return f"{scheme}{sep}{rest}"
