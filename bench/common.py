@@ -9,8 +9,9 @@ subtracts ``t`` from its own ``monotonic_ns()`` at receive time to get the laten
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 # `{"seq":` + `,"t":` + `,"pad":""}`: the bytes around the two numbers and the pad.
@@ -43,14 +44,18 @@ def burst_params(query: dict[str, str]) -> tuple[int, int, float, int]:
 
 
 async def run_burst(
-    publish: Callable[[dict[str, Any]], bool], n: int, size: int, rate: float, batch: int
+    publish: Callable[[dict[str, Any]], bool | Awaitable[bool]],
+    n: int,
+    size: int,
+    rate: float,
+    batch: int,
 ) -> dict[str, Any]:
     """Publish ``n`` bench events on the running loop; return timings as a JSON-able dict.
 
     ``rate`` > 0 paces publishes on a schedule (events that fell behind it go out together,
     each stamped when it is really published); ``rate`` == 0 publishes ``batch`` events per
     loop turn, then yields (``asyncio.sleep(0)``), so ``batch=n`` is "all in one turn".
-    ``publish`` returns False for an event the server refused.
+    ``publish`` returns False for an event the server refused (or an awaitable of it).
     """
     pads: dict[int, str] = {}
     start = time.monotonic_ns()
@@ -68,7 +73,10 @@ async def run_burst(
         else:
             count = min(batch, n - seq + 1)
         for _ in range(count):
-            if not publish(make_data(seq, size, pads)):
+            accepted = publish(make_data(seq, size, pads))
+            if inspect.isawaitable(accepted):  # the Redis backend: a round-trip per event
+                accepted = await accepted
+            if not accepted:
                 refused += 1
             seq += 1
         if rate == 0:

@@ -223,10 +223,17 @@ class Subscriber(asyncio.Protocol):
         return "ok" if bench == fast else f"MISMATCH parser={bench} splitter={fast}"
 
 
-def _request(spec: dict[str, Any], last_event_id: str | None) -> bytes:
+def _port_of(spec: dict[str, Any], index: int) -> int:
+    """Subscriber ``index``'s server port: ``ports`` round-robin (several processes of one
+    deployment), else ``port``."""
+    ports = spec.get("ports")
+    return int(ports[index % len(ports)]) if ports else int(spec["port"])
+
+
+def _request(spec: dict[str, Any], last_event_id: str | None, port: int | None = None) -> bytes:
     lines = [
         f"GET {spec['path']} HTTP/1.1",
-        f"Host: 127.0.0.1:{spec['port']}",
+        f"Host: 127.0.0.1:{port if port is not None else spec['port']}",
         "Accept: text/event-stream",
     ]
     lines += [f"{k}: {v}" for k, v in spec.get("headers", [])]
@@ -245,7 +252,8 @@ async def _connect(spec: dict[str, Any], sub: Subscriber, gate: asyncio.Semaphor
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setblocking(False)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", spec["port"])), 10)
+            port = _port_of(spec, sub.index)
+            await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), 10)
             await loop.create_connection(lambda: sub, sock=sock)
             await asyncio.wait_for(asyncio.shield(sub.ready), 20)
         except (OSError, TimeoutError):
@@ -302,9 +310,15 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     count = int(spec.get("subscribers", 1))
     stalled = int(spec.get("stalled", 0))
     mode = spec.get("mode", "stream")
-    request = _request(spec, spec.get("last_event_id"))
+    cursor = spec.get("last_event_id")
     subs = [
-        Subscriber(i, n, i >= count - stalled, i == 0 and mode != "idle", request)
+        Subscriber(
+            i,
+            n,
+            i >= count - stalled,
+            i == 0 and mode != "idle",
+            _request(spec, cursor, _port_of(spec, i)),
+        )
         for i in range(count)
     ]
     gate = asyncio.Semaphore(int(spec.get("connect_concurrency", 64)))
@@ -410,7 +424,8 @@ def _summarize(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Spec keys: ``port``, ``path``, ``headers`` ([[name, value]]), ``mode`` (``stream``,
+    """Spec keys: ``port`` (or ``ports``: subscribers spread round-robin), ``path``,
+    ``headers`` ([[name, value]]), ``mode`` (``stream``,
     ``idle``), ``subscribers``, ``stalled`` (how many of them never read until the end),
     ``n`` (events expected), ``trigger`` (a POST target fired once all are connected),
     ``last_event_id``, ``timeout_s``, ``stall_drain_s``, ``connect_concurrency``."""

@@ -2,7 +2,8 @@
 
 - ``POST /bench/session``: a new session; ``{"channel", "token", "path"}`` (read token).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
-  ``sessions.runtime.publish_nowait`` on the server's event loop (in-process, no HTTP per event);
+  ``sessions.runtime.publish_nowait`` on the server's event loop (in-process, no HTTP per
+  event; with the Redis backend ``sessions.runtime.publish``, one Redis round-trip each);
   answers when the last one is published, with the publish timings.
 - ``GET /bench/ping``: readiness.
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
@@ -53,6 +54,11 @@ async def bench_burst(request: HttpRequest) -> HttpResponse:
     def publish(data: dict[str, Any]) -> bool:
         return runtime.publish_nowait(live, {"type": "bench", "data": data}) is not None
 
+    async def publish_shared(data: dict[str, Any]) -> bool:
+        return await runtime.publish(live, {"type": "bench", "data": data}) is not None
+
+    if runtime.using_redis():
+        return JsonResponse(await run_burst(publish_shared, n, size, rate, batch))
     return JsonResponse(await run_burst(publish, n, size, rate, batch))
 
 

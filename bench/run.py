@@ -98,6 +98,8 @@ class Server:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: A database shared with other processes of one deployment (else a copy per start).
+    shared_db: Path | None = None
 
     def argv(self) -> list[str]:
         port = str(self.port)
@@ -139,8 +141,9 @@ class Server:
     def start(self) -> Server:
         self.stop()
         self.port = free_port()
-        db = self.workdir / f"{self.name}-{self.port}.sqlite3"
-        shutil.copy(self.template_db, db)
+        db = self.shared_db or self.workdir / f"{self.name}-{self.port}.sqlite3"
+        if self.shared_db is None:
+            shutil.copy(self.template_db, db)
         log = (self.workdir / f"{self.name}.log").open("ab")
         self.process = subprocess.Popen(
             self.argv(), cwd=REPO, env=self.env(db), stdout=log, stderr=subprocess.STDOUT
