@@ -50,3 +50,49 @@ def test_runserver_refuses_out_of_range_event_ring_size() -> None:
     # Section 6: `runserver --event-ring-size N` out of range stops with a clear message.
     with pytest.raises(CommandError, match=r"--event-ring-size must be in \[1, 1_000_000\]"):
         call_command("runserver", "--event-ring-size", "0", "--noreload")
+
+
+@pytest.mark.parametrize(
+    ("env", "raw", "match"),
+    [
+        ("QWENWEB_BACKEND", "postgres", "must be one of memory, redis"),
+        ("QWENWEB_REDIS_URL", "http://127.0.0.1:6379", "redis://, rediss:// or unix://"),
+        ("QWENWEB_REDIS_KEY_PREFIX", "has space", "without spaces"),
+        ("QWENWEB_PROCESS_TTL_S", "0", "PROCESS_TTL_S"),
+    ],
+)
+def test_bad_backend_settings_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: str, raw: str, match: str
+) -> None:
+    # Issue 6: the Redis backend's settings are checked like the others (section 6).
+    monkeypatch.setenv(env, raw)
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match=match):
+        get_config()
+    get_config.cache_clear()
+
+
+def test_redis_backend_is_selected_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
+    monkeypatch.setenv("QWENWEB_REDIS_URL", "redis://127.0.0.1:6379/3")
+    monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", "qw-a")
+    get_config.cache_clear()
+    config = get_config()
+    assert (config.backend, config.redis_url, config.redis_key_prefix) == (
+        "redis",
+        "redis://127.0.0.1:6379/3",
+        "qw-a",
+    )
+    get_config.cache_clear()
+
+
+def test_deploy_check_warns_when_redis_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 6: `check --deploy` names an unreachable Redis (port 1: nothing listens there).
+    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
+    monkeypatch.setenv("QWENWEB_REDIS_URL", "redis://127.0.0.1:1/0")
+    get_config.cache_clear()
+    call_command("check", "--deploy", "--fail-level", "ERROR")
+    assert "qwenweb.W002" in capsys.readouterr().err
+    get_config.cache_clear()
