@@ -119,6 +119,8 @@ class LiveSession:
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
     # Redis backend: set (and replaced) each time the mirror takes new events.
     _advanced: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Redis backend: since when the mirror has had no subscriber (monotonic s), or None.
+    _idle_since: float | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +548,9 @@ async def disconnect_subscribers(session_id: str, *, reason: str) -> int:
 _store: RedisStore | None = None
 #: How long a subscriber with a cursor waits for this process's mirror to reach it.
 CATCH_UP_TIMEOUT_S = 5.0
+#: A mirror without subscribers for this long is unloaded: the reader then reads only the
+#: streams of sessions with local subscribers (or recent ones); a later use reloads it.
+MIRROR_IDLE_UNLOAD_S = 60.0
 
 
 def redis_store() -> RedisStore:
@@ -557,7 +562,7 @@ def redis_store() -> RedisStore:
         _store = RedisStore(
             config.redis_url, config.redis_key_prefix, process_ttl_s=config.process_ttl_s
         )
-        _store.start(_on_entries, _on_outage, _on_recovery, _on_control, _make_report)
+        _store.start(_on_entries, _on_outage, _on_recovery, _on_control, _report_and_sweep)
     return _store
 
 
@@ -631,15 +636,30 @@ async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
         raise SessionClosedError(live.session_id, live.owner_id)
     if window.head.epoch is None:  # lost between ensure and read: let the caller retry
         raise BackendUnavailableError("Redis lost the session's data while loading it")
+    entries = window.entries
+    first_id = window.first_id
+    # Keep the contiguous run of ids that ends the stream: a hole (ids the stream lost)
+    # must read as "evicted" to older cursors (EB-7), never be replayed across.
+    start = len(entries) - 1
+    while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
+        start -= 1
+    if entries and start > 0:
+        logger.warning(
+            "stream_hole session=%s kept_from=%d dropped_entries=%d",
+            live.session_id,
+            entries[start][0],
+            start,
+        )
+        entries, first_id = entries[start:], entries[start][0]
     bus = EventBus(
         ring_size=live.ring_size,
         max_subscribers=config.max_subscribers,
         max_queued_bytes=config.max_queued_bytes,
-        start_id=window.first_id,
+        start_id=first_id,
         name=live.session_id,
         epoch=window.head.epoch,
     )
-    for event_id, body in window.entries:
+    for event_id, body in entries:
         bus.ingest(_frame_from_entry(event_id, body))
     live.bus = bus
     store.watch(live.session_id, bus.last_event_id)
@@ -647,9 +667,9 @@ async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
         "mirror_loaded session=%s epoch=%s first_id=%d last_event_id=%d entries=%d",
         live.session_id,
         bus.epoch,
-        window.first_id,
+        first_id,
         bus.last_event_id,
-        len(window.entries),
+        len(entries),
     )
 
 
@@ -788,6 +808,32 @@ def _on_control(message: Mapping[str, Any]) -> None:
         live = registry.get(str(message.get("session")))
         if live is not None:
             live.bus.disconnect_all(str(message.get("reason") or "operator"))
+
+
+def _report_and_sweep() -> dict[str, Any]:
+    """The reporter's periodic call: unload idle mirrors, then report (see below)."""
+    _unload_idle_mirrors(time.monotonic())
+    return _make_report()
+
+
+def _unload_idle_mirrors(now: float) -> int:
+    """Forget mirrors without a subscriber for ``MIRROR_IDLE_UNLOAD_S``; returns how many."""
+    unloaded = 0
+    for live in registry.values():
+        if live.bus.subscriber_count:
+            live._idle_since = None
+        elif live._idle_since is None:
+            live._idle_since = now
+        elif now - live._idle_since >= MIRROR_IDLE_UNLOAD_S and live._renewal is None:
+            registry.pop(live.session_id)
+            if _store is not None:
+                _store.unwatch(live.session_id)
+            # Its counters leave this process's report: keep them on the row.
+            _spawn(database_sync_to_async(_save_progress)(live))
+            unloaded += 1
+    if unloaded:
+        logger.info("mirrors_unloaded count=%d reason=idle", unloaded)
+    return unloaded
 
 
 def _make_report() -> dict[str, Any]:

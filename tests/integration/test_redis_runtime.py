@@ -1,0 +1,184 @@
+"""The Redis backend's runtime in one process, against the machine's Redis (issue 6).
+
+These tests select the backend themselves (whatever the run's backend) under a key prefix
+of their own, deleted at the end; data loss is simulated by deleting one session's keys,
+never by flushing the shared Redis (``tests/e2e/test_redis_faults.py`` flushes a private
+one). The route is driven through the ASGI application, as in ``test_stream.py``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+
+from sessions import runtime
+from sessions.conf import get_config
+from tests.integration.conftest import OpenStream, Stream, publish, publish_many
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+StreamOf = Callable[..., Awaitable[Stream]]
+
+
+@pytest_asyncio.fixture
+async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    """Select the Redis backend under a fresh key prefix; close it and delete the keys."""
+    prefix = f"qwtest-rt-{secrets.token_hex(4)}"
+    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
+    monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", prefix)
+    get_config.cache_clear()
+    yield prefix
+    await runtime.close_backend()
+    get_config.cache_clear()
+    client = redis.Redis.from_url(get_config().redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+async def _forget_session_in_redis(session_id: str) -> None:
+    """Simulate Redis losing one session's data (its meta hash and stream)."""
+    store = runtime.redis_store()
+    await store.client.delete(store.meta_key(session_id), store.stream_key(session_id))
+
+
+async def test_ids_start_at_1_and_reach_a_subscriber_through_the_reader(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    """Ids come from Redis (1, 2, 3 …) and the event reaches the local subscriber via the
+    reader task and the mirror, not directly from the publisher."""
+    session_id = await make_session()
+    stream = await stream_of(session_id)
+    assert await publish_many(session_id, 3) == [1, 2, 3]
+    await stream.read_until(lambda s: len(s.frames) >= 3)
+    assert [f["id"] for f in stream.frames] == [1, 2, 3]
+    store = runtime.redis_store()
+    assert await store.client.xlen(store.stream_key(session_id)) == 3
+    assert stream.headers["x-event-epoch"] == runtime.registry.get(session_id).bus.epoch
+
+
+async def test_lost_session_data_starts_a_new_epoch_above_the_reserved_mark(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    """Redis lost the session (EB-7, issue 6): an old cursor + epoch gets ``epoch_reset``;
+    new ids continue above the database's reserved mark, never reusing an old id."""
+    session_id = await make_session()
+    first = await stream_of(session_id)
+    await publish_many(session_id, 5)
+    await first.read_until(lambda s: len(s.frames) >= 5)
+    old_epoch = first.headers["x-event-epoch"]
+    await _forget_session_in_redis(session_id)
+    cursor = {"Last-Event-ID": "5", "X-Event-Epoch": old_epoch}
+    resumed = await stream_of(session_id, headers=cursor)
+    resync = await resumed.read_until_type("state_resync_required")
+    assert resync["data"]["reason"] == "epoch_reset"
+    assert resync["data"]["detail"] == "epoch_mismatch"
+    assert resumed.headers["x-event-epoch"] != old_epoch
+    # The old mirror was dropped: its subscriber was told to reconnect.
+    ended = await first.read_until_type("stream_error")
+    assert ended["data"]["code"] == "server_disconnect"
+    response = await publish(session_id, {"type": "after"})
+    new_id = response.json()["id"]
+    assert new_id > get_config().id_reservation_block  # above every id issued before
+    assert response.json()["epoch"] == resumed.headers["x-event-epoch"]
+    await resumed.read_until(lambda s: any(f.get("id") == new_id for f in s.frames))
+
+
+async def test_gap_in_the_stream_drops_the_mirror_and_its_subscribers_reconnect(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    """A mirror that sees an id jump (it fell behind a trimmed ring, or a new epoch) ends
+    its subscribers with ``stream_error`` instead of delivering with a hole."""
+    session_id = await make_session()
+    stream = await stream_of(session_id)
+    await publish_many(session_id, 2)
+    await stream.read_until(lambda s: len(s.frames) >= 2)
+    store = runtime.redis_store()
+    await store.client.hincrby(store.meta_key(session_id), "last", 10)  # ids 3..12 vanish
+    await publish(session_id, {"type": "after-gap"})
+    ended = await stream.read_until_type("stream_error")
+    assert ended["data"] == {
+        "error": "disconnected by the server",
+        "code": "server_disconnect",
+        "reason": "mirror_gap",
+    }
+    await stream.read_to_end()
+    again = await stream_of(session_id, headers={"Last-Event-ID": "2"})
+    resync = await again.read_until_type("replay_complete")
+    assert again.frames[0]["type"] == "state_resync_required"
+    assert resync["data"]["lastReplayedEventId"] == 13
+
+
+async def test_idle_mirror_is_unloaded_and_reloaded_on_next_use(
+    redis_backend: str, make_session: Any, stream_of: StreamOf, open_stream: OpenStream
+) -> None:
+    """A mirror without subscribers is unloaded after ``MIRROR_IDLE_UNLOAD_S``: the reader
+    stops reading its stream; the next stream reloads it from Redis and replays exactly."""
+    session_id = await make_session()
+    await publish_many(session_id, 4)
+    store = runtime.redis_store()
+    assert store.watching(session_id)
+    now = 1_000.0
+    assert runtime._unload_idle_mirrors(now) == 0  # idle from now on
+    assert runtime._unload_idle_mirrors(now + runtime.MIRROR_IDLE_UNLOAD_S - 1) == 0
+    assert runtime._unload_idle_mirrors(now + runtime.MIRROR_IDLE_UNLOAD_S) == 1
+    assert runtime.registry.get(session_id) is None
+    assert not store.watching(session_id)
+    stream = await stream_of(session_id, headers={"Last-Event-ID": "1"})
+    await stream.read_until_type("replay_complete")
+    assert [f.get("id") for f in stream.frames] == [2, 3, 4, None]
+    await publish(session_id, {"type": "live"})
+    await stream.read_until(lambda s: s.frames[-1].get("id") == 5)
+
+
+async def test_a_subscribed_mirror_is_never_unloaded(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    session_id = await make_session()
+    await stream_of(session_id)
+    await publish_many(session_id, 1)
+    assert runtime._unload_idle_mirrors(0.0) == 0
+    assert runtime._unload_idle_mirrors(1e9) == 0
+    assert runtime.registry.get(session_id) is not None
+
+
+async def test_merge_reports_sums_processes() -> None:
+    """Operator figures under Redis: sums over the processes' reports (issue 6, point 2)."""
+
+    def figures(subscribers: int, last: int, warnings: int) -> dict[str, Any]:
+        return {
+            "published": last,
+            "slow_client_warnings": warnings,
+            "evictions": {"queue_overflow": warnings},
+            "resyncs": {},
+            "replayed_frames": 0,
+            "subscriber_count": subscribers,
+            "peak_subscribers": subscribers,
+            "ring_length": last,
+            "ring_size": 8000,
+            "earliest_id": 1,
+            "last_event_id": last,
+            "epoch": "e",
+            "closed": False,
+        }
+
+    merged = runtime.merge_reports(
+        [
+            {"sessions": {"s1": figures(2, 10, 1), "s2": figures(1, 3, 0)}},
+            {"sessions": {"s1": figures(3, 12, 2)}},
+        ]
+    )
+    assert merged["s1"].subscriber_count == 5
+    assert merged["s1"].slow_client_warnings == 3
+    assert dict(merged["s1"].evictions) == {"queue_overflow": 3}
+    assert merged["s1"].last_event_id == 12
+    assert merged["s2"].subscriber_count == 1
+    assert runtime.merge_reports([], ["s1"]) == {}
