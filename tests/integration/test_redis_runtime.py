@@ -62,7 +62,9 @@ async def test_ids_start_at_1_and_reach_a_subscriber_through_the_reader(
     assert [f["id"] for f in stream.frames] == [1, 2, 3]
     store = runtime.redis_store()
     assert await store.client.xlen(store.stream_key(session_id)) == 3
-    assert stream.headers["x-event-epoch"] == runtime.registry.get(session_id).bus.epoch
+    live = runtime.registry.get(session_id)
+    assert live is not None
+    assert stream.headers["x-event-epoch"] == live.bus.epoch
 
 
 async def test_lost_session_data_starts_a_new_epoch_above_the_reserved_mark(
