@@ -9,6 +9,7 @@ demo (SQLite, in-memory bus, DEBUG on):
 | ``DJANGO_DEBUG`` | ``1`` | ``0`` for production |
 | ``DJANGO_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,[::1]`` | comma-separated |
 | ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | or ``postgres://user@host:5432/db`` |
+| ``DATABASE_CONN_MAX_AGE`` | ``0`` | seconds a connection is kept (``DATABASE_URL`` only) |
 | ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
 """
 
@@ -87,12 +88,31 @@ TEMPLATES = [
 ASGI_APPLICATION = "qwenweb.asgi.application"
 WSGI_APPLICATION = None
 
-DATABASES = {
-    "default": dj_database_url.config(
-        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
-        conn_max_age=0,
-    )
-}
+
+def _conn_max_age_s() -> int:
+    """``DATABASE_CONN_MAX_AGE`` in seconds; 0 (a connection per request) when unset.
+
+    Keep it 0 under ASGI (Django's advice): each request runs its queries in a thread that
+    ends with the request, so a kept connection would only be dropped there, unclosed.
+    """
+    raw = os.environ.get("DATABASE_CONN_MAX_AGE", "0").strip()
+    if not raw.isdecimal():
+        raise ImproperlyConfigured(f"DATABASE_CONN_MAX_AGE must be seconds >= 0, got {raw!r}")
+    return int(raw)
+
+
+# DATABASE_URL selects the database (issue 6), e.g. postgres://postgres@127.0.0.1:5432/qwenweb;
+# without it, SQLite in the repository (the demo).
+if _database_url := os.environ.get("DATABASE_URL", "").strip():
+    DATABASES = {
+        "default": dj_database_url.parse(
+            _database_url, conn_max_age=_conn_max_age_s(), conn_health_checks=True
+        )
+    }
+else:
+    DATABASES = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(BASE_DIR / "db.sqlite3")}
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Requests write from several threads at once (database_sync_to_async): take the write
     # lock when a transaction starts and wait for it, instead of failing "database is
@@ -164,3 +184,44 @@ LOGGING = {
         },
     },
 }
+
+# The operator feed across processes (issue 6), opt-in: QWENWEB_EVENTSTREAM_REDIS_URL (a
+# redis://, rediss:// or unix:// URL) makes django-eventstream's `send_event` publish each
+# operator event on Redis pub/sub (its fixed channel "events_channel") instead of queueing
+# it locally; every process hands what it receives to its own /ops/events/ listeners. Not
+# implied by the Redis backend: the channel is shared by every deployment on that Redis and
+# the listener does not survive a Redis outage (docs/deployment.md). django-eventstream
+# only tests that EVENTSTREAM_REDIS exists, so it is defined only when the relay is on.
+
+
+def _eventstream_redis(url: str) -> dict[str, object]:
+    """Return ``redis.Redis`` keyword arguments for the relay to the Redis at ``url``.
+
+    Raises:
+        ValueError: the URL's scheme is not redis://, rediss:// or unix:// (redis-py).
+    """
+    from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+    kwargs: dict[str, object] = parse_url(url)  # type: ignore[no-untyped-call]  # redis-py
+    # parse_url returns connection-pool arguments; django-eventstream passes these to
+    # redis.Redis (publish) and redis.asyncio.Redis (listener), which spell them this way.
+    connection_class = kwargs.pop("connection_class", None)
+    if connection_class is SSLConnection:
+        kwargs["ssl"] = True
+    elif connection_class is UnixDomainSocketConnection:
+        kwargs["unix_socket_path"] = kwargs.pop("path", None)
+    # `send_event` publishes synchronously on the server's event loop, so a publish must
+    # fail fast while Redis is down: no retries (redis-py's default retries with backoff
+    # held the loop for seconds per event) and a 1 s bound per connect or command.
+    kwargs.setdefault("retry", None)
+    kwargs.setdefault("socket_connect_timeout", 1.0)
+    kwargs.setdefault("socket_timeout", 1.0)
+    return kwargs
+
+
+if _eventstream_redis_url := os.environ.get("QWENWEB_EVENTSTREAM_REDIS_URL", ""):
+    EVENTSTREAM_REDIS = _eventstream_redis(_eventstream_redis_url)
+
+# HTTPS deployments (docs/deployment.md): DJANGO_SECURE_COOKIES=1 sends the login session
+# and CSRF cookies over HTTPS only (`manage.py check --deploy`, W012 and W016).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("DJANGO_SECURE_COOKIES", False)

@@ -4,10 +4,13 @@
   id, ring fill, events published, slow-client warnings and evictions. For a session
   whose bus is loaded in this process they come from ``bus.stats()`` (EB-10), read on the
   server's event loop; otherwise from the counters last saved on its row (marked
-  "saved"). Filters: status, had evictions; search: id, title, owner. The change page
-  shows the live numbers and, newest first, the session's connections and its
-  ``slow_client_warning`` / ``client_evicted`` records with their exact payloads.
-  Actions: close the session, disconnect all its subscribers.
+  "saved"). With the Redis backend "live" means loaded in any server process, and the
+  numbers are the sums over every live process
+  (:func:`sessions.runtime.operator_stats_blocking`). Filters: status, had evictions;
+  search: id, title, owner. The change page shows the live numbers and, newest first,
+  the session's connections and its ``slow_client_warning`` / ``client_evicted``
+  records with their exact payloads. Actions: close the session, disconnect all its
+  subscribers; with the Redis backend both reach every process.
 - **Subscriber connections** and **subscriber incidents**: read-only lists of the records
   written by :mod:`sessions.records` (filters, search).
 
@@ -15,6 +18,10 @@ Concurrency model
     The admin's views are synchronous: Django runs them in a worker thread. They never
     touch a bus (EB-11): live numbers and actions are run on the server's loop through
     :func:`sessions.runtime.call_on_server_loop` / :func:`sessions.runtime.run_on_server_loop`.
+    With the Redis backend a process that has no server loop yet reads the cluster's
+    numbers with a short-lived synchronous Redis client, and for an action adopts the loop
+    serving the request (:func:`sessions.runtime.adopt_request_loop`). A Redis that is
+    down or stuck costs a page about two seconds and an error message, never a 500.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ClassVar, Final, TypeVar
 
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
@@ -49,18 +56,41 @@ logger = logging.getLogger("qwenweb.admin")
 INLINE_LIMIT: Final = 50
 """Rows shown per inline on the session page (the full lists are one click away)."""
 LIVE_TIMEOUT_S: Final = 5.0
+_T = TypeVar("_T")
 
 
 def _live_stats(request: HttpRequest, session_ids: Any = None) -> Mapping[str, BusStats]:
-    """``bus.stats()`` of the loaded sessions, read on the server loop; {} if unavailable."""
-    try:
-        stats: Mapping[str, BusStats] = runtime.call_on_server_loop(
-            lambda: runtime.live_stats(session_ids), default={}, timeout_s=LIVE_TIMEOUT_S
-        )
-    except TimeoutError:
-        messages.warning(request, "The server loop did not answer: numbers are the saved ones.")
-        return {}
+    """The live numbers of the loaded sessions (see :func:`_read_live_stats`); {} if
+    unavailable, with a message saying why."""
+    stats, problem = _read_live_stats(session_ids)
+    if problem is not None:
+        # With Redis the figures of every other process are missing, not just late ones.
+        report = messages.error if runtime.using_redis() else messages.warning
+        report(request, f"{problem}: numbers are the saved ones.")
     return stats
+
+
+def _read_live_stats(session_ids: Any = None) -> tuple[Mapping[str, BusStats], str | None]:
+    """``(stats, None)``, or ``({}, why not)``; never raises for an unavailable source.
+
+    Memory backend: ``bus.stats()`` of the sessions loaded here, read on the server loop.
+    Redis backend: the sums over every live server process (EB-10 in each).
+    """
+    if not runtime.using_redis():
+        try:
+            stats: Mapping[str, BusStats] = runtime.call_on_server_loop(
+                lambda: runtime.live_stats(session_ids), default={}, timeout_s=LIVE_TIMEOUT_S
+            )
+        except TimeoutError:
+            return {}, "The server loop did not answer"
+        return stats, None
+    try:
+        return runtime.operator_stats_blocking(session_ids), None
+    except TimeoutError:
+        return {}, "The server loop did not answer"
+    except runtime.BackendUnavailableError as exc:
+        logger.warning("admin_live_numbers_unavailable error=%s", exc)
+        return {}, "Redis is unavailable, so the other server processes' numbers are unknown"
 
 
 def _ring_fill(stats: BusStats) -> str:
@@ -256,13 +286,25 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="live numbers (bus.stats())")
     def live_numbers(self, obj: AgentSession) -> str:
-        """The loaded bus's statistics snapshot as a small table, or a note if not loaded."""
-        stats = _live_stats_quiet(obj.id)
+        """The loaded bus's statistics snapshot as a small table, or a note if not loaded.
+
+        With the Redis backend: the sums over every server process (see :mod:`runtime`).
+        """
+        found, problem = _read_live_stats([obj.id])
+        stats = found.get(obj.id)
+        if problem is not None:
+            return f"{problem}: the saved counters below are the latest known"
         if stats is None:
-            return "not loaded in this process: the saved counters below are the latest"
-        rows = [
+            where = "this process or any other" if runtime.using_redis() else "this process"
+            return f"not loaded in {where}: the saved counters below are the latest"
+        rows: list[tuple[str, Any]] = []
+        peak = "peak subscribers"
+        if runtime.using_redis():
+            rows.append(("source", "sum over every live server process"))
+            peak = "peak subscribers (sum of each process's peak)"
+        rows += [
             ("subscribers", stats.subscriber_count),
-            ("peak subscribers", stats.peak_subscribers),
+            (peak, stats.peak_subscribers),
             ("last event id", stats.last_event_id),
             ("ring fill", _ring_fill(stats)),
             ("earliest id in ring", stats.earliest_id if stats.earliest_id is not None else "—"),
@@ -293,26 +335,43 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Close the selected sessions", permissions=["change"])
     def close_sessions(self, request: HttpRequest, queryset: QuerySet[AgentSession]) -> None:
-        """Close each open session as ``POST /session/<id>/close`` does (on the server loop)."""
+        """Close each open session as ``POST /session/<id>/close`` does (on the server loop).
+
+        With the Redis backend ``session_closed`` goes through Redis to every process,
+        so this needs a server loop here: the request's is adopted if need be.
+        """
         by = request.user.get_username()
         closed = 0
+        failed: list[str] = []
         for row in queryset.filter(status=AgentSession.Status.OPEN):
             try:
-                runtime.run_on_server_loop(
+                _run_action(
                     functools.partial(
                         runtime.close_session, row.id, reason="operator", closed_by=by
                     )
                 )
             except runtime.ServerLoopUnavailableError:
+                if runtime.using_redis():  # other processes would never hear of it
+                    failed.append(f"{row.id} (no server event loop in this process)")
+                    continue
                 # No bus was ever built in this process, so nobody is subscribed here.
                 AgentSession.objects.filter(pk=row.id, status=AgentSession.Status.OPEN).update(
                     status=AgentSession.Status.CLOSED, closed_at=timezone.now()
                 )
             except runtime.SessionClosedError:
                 continue
+            except (runtime.BackendUnavailableError, TimeoutError) as exc:
+                logger.warning("admin_close_failed session=%s error=%s", row.id, exc)
+                failed.append(f"{row.id} ({_why(exc)})")
+                continue
             closed += 1
             logger.info("admin_session_closed session=%s by=%s", row.id, by)
-        self.message_user(request, f"Closed {closed} session(s).", messages.SUCCESS)
+        everywhere = " in every server process" if runtime.using_redis() and closed else ""
+        self.message_user(request, f"Closed {closed} session(s){everywhere}.", messages.SUCCESS)
+        if failed:
+            self.message_user(
+                request, f"Not closed: {'; '.join(failed)}. Try again.", messages.ERROR
+            )
 
     @admin.action(
         description="Disconnect all subscribers of the selected sessions", permissions=["change"]
@@ -324,6 +383,9 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
         Clients reconnect by themselves after their ``retry``; the sessions stay open.
         """
+        if runtime.using_redis():
+            self._disconnect_everywhere(request, queryset)
+            return
         by = request.user.get_username()
         total = 0
         for row in queryset:
@@ -341,16 +403,66 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
         self.message_user(request, f"Disconnected {total} subscriber(s).", messages.SUCCESS)
 
+    def _disconnect_everywhere(
+        self, request: HttpRequest, queryset: QuerySet[AgentSession]
+    ) -> None:
+        """The Redis backend's disconnect: here, and a control message to every process.
 
-def _live_stats_quiet(session_id: str) -> BusStats | None:
-    empty: dict[str, BusStats] = {}
-    try:
-        stats = runtime.call_on_server_loop(
-            lambda: runtime.live_stats([session_id]), default=empty, timeout_s=LIVE_TIMEOUT_S
+        The other processes send no count back: the message says how many were told.
+        """
+        by = request.user.get_username()
+        here = 0
+        told = 0
+        failed: list[str] = []
+        for row in queryset:
+            try:
+                done = _run_action(
+                    functools.partial(
+                        runtime.disconnect_everywhere, row.id, reason=f"operator {by}"
+                    )
+                )
+            except (runtime.ServerLoopUnavailableError, TimeoutError) as exc:
+                logger.warning("admin_disconnect_failed session=%s error=%s", row.id, exc)
+                failed.append(f"{row.id} ({_why(exc)})")
+                continue
+            here += done.here
+            if done.told is None:
+                failed.append(f"{row.id} (Redis is unavailable: no other process was told)")
+            else:
+                told = max(told, done.told)
+            logger.info(
+                "admin_subscribers_disconnected session=%s count=%d told=%s by=%s",
+                row.id,
+                done.here,
+                done.told,
+                by,
+            )
+        self.message_user(
+            request,
+            f"Disconnected {here} subscriber(s) in this process; told {told} other server "
+            "process(es) to disconnect theirs.",
+            messages.SUCCESS,
         )
-    except TimeoutError:
-        return None
-    return stats.get(session_id)
+        if failed:
+            self.message_user(request, f"Not done everywhere: {'; '.join(failed)}.", messages.ERROR)
+
+
+def _run_action(coroutine: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run an action on the server loop; with Redis, adopt the request's loop if none.
+
+    Raises what :func:`runtime.run_on_server_loop` raises.
+    """
+    if runtime.using_redis():
+        runtime.adopt_request_loop()
+    return runtime.run_on_server_loop(coroutine)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, runtime.BackendUnavailableError):
+        return "Redis is unavailable"
+    if isinstance(exc, TimeoutError):
+        return "the server did not answer in time"
+    return "no server event loop in this process"
 
 
 _LIVE_VALUES: Final[dict[str, Callable[[BusStats], Any]]] = {

@@ -21,6 +21,9 @@ Events on the channel (SSE ``event:`` types; ``data`` is JSON):
   "subscribers", "lastEventId", "published", "warnings", "evictions", "ringLength",
   "ringSize", "peakSubscribers"}]}`` for every session loaded in this process: each
   second (``tick`` true: a point of the plots) and right after any activity (false).
+  With the Redis backend: every session loaded in any live server process, its figures
+  summed over them (:func:`sessions.runtime.cluster_stats`), so every process's
+  dashboards show the same totals.
 - ``activity`` — ``{"t": <ms>, "items": [{"kind", "session", "t", ...}]}``; kinds:
   ``session_opened`` (created), ``session_closed``, ``subscriber_joined``,
   ``subscriber_left`` (with ``reason``), ``slow_client_warning`` and ``client_evicted``
@@ -34,6 +37,17 @@ Concurrency model
     with no event storage (``is_channel_reliable`` is False), so publishing to the channel
     writes nothing to the database. The sync views read live numbers through
     :func:`sessions.runtime.call_on_server_loop`.
+
+Several processes (Redis backend)
+    Each tick fetches the other processes' reports once (one ``ZRANGE`` + ``MGET``,
+    bounded by the tick) and keeps them until the next: every sample sums them with this
+    process's fresh figures without asking Redis again (the reports change only every
+    ``PROCESS_TTL_S / 4`` anyway). Redis unreachable: this process's figures only.
+    ``stats`` go to this process's own dashboards only, even when django-eventstream
+    relays the channel through Redis (``EVENTSTREAM_REDIS``): they are the cluster's sums
+    already, and relayed, every process's ticker would reach every dashboard — N copies
+    a second, sampled at different instants, each adding a point to the plots and making
+    the rates jump. ``activity`` happens in one process and is relayed to all.
 """
 
 from __future__ import annotations
@@ -46,19 +60,22 @@ from collections import deque
 from typing import Any, Final
 
 import orjson
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models.signals import post_save
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
-from django_eventstream import send_event
+from django_eventstream import eventstream, send_event
 from django_eventstream.channelmanager import ChannelManagerBase
+from django_eventstream.event import Event
+from django_eventstream.views import get_listener_manager
 
 from sessions import runtime
 from sessions.bus import BusStats
 from sessions.models import AgentSession, normalize_session_id
+from sessions.queries import request_user
 from sessions.views import error_response
 
 __all__ = [
@@ -149,6 +166,11 @@ class OperatorFeed:
         self._soon: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Redis backend: the other processes' reports as of the last tick, and the titles
+        # of the sessions they report that are not loaded here.
+        self._others: list[dict[str, Any]] = []
+        self._titles: dict[str, str] = {}
+        self._redis_failing = False
 
     def note(self, kind: str, session_id: str, **fields: Any) -> None:
         """Queue one activity item; it goes out within :data:`ACTIVITY_DELAY_S`.
@@ -183,15 +205,43 @@ class OperatorFeed:
         self._session_history.clear()
         self._recent.clear()
         self._pending.clear()
+        self._others = []
+        self._titles.clear()
 
     async def run(self) -> None:
         """Sample and publish every ``tick_s`` seconds until cancelled."""
         while True:
             await asyncio.sleep(self.tick_s)  # a clock, not a wait for a cause
             try:
+                if runtime.using_redis():
+                    await self.fetch_others()
                 self.tick()
             except Exception:  # a dashboard must never take the loop down
                 logger.exception("operator_feed_tick_failed")
+
+    async def fetch_others(self) -> None:
+        """Redis backend: keep the other processes' reports for the samples until the next
+        tick (one round-trip, at most ``tick_s``), and the titles of their sessions.
+
+        Redis unreachable or slow: no other process's figures until it answers (one log
+        line per outage). Never raises for Redis; database errors propagate.
+        """
+        try:
+            async with asyncio.timeout(self.tick_s):
+                self._others = await runtime.other_reports()
+        except (runtime.BackendUnavailableError, TimeoutError) as exc:
+            if not self._redis_failing:
+                logger.warning("operator_feed_cluster_unavailable error=%r", exc)
+            self._redis_failing = True
+            self._others = []
+            return
+        self._redis_failing = False
+        reported = {sid for report in self._others for sid in report.get("sessions") or {}}
+        self._titles = {sid: t for sid, t in self._titles.items() if sid in reported}
+        loaded_here = {live.session_id for live in runtime.registry.values()}
+        missing = reported - self._titles.keys() - loaded_here
+        if missing:
+            self._titles.update(await database_sync_to_async(_titles_of)(missing))
 
     def tick(self) -> list[dict[str, Any]]:
         """Take one sample of every loaded bus, keep it, publish ``stats``; return rows."""
@@ -209,14 +259,24 @@ class OperatorFeed:
             history.append((now, row["published"], row["subscribers"]))
         for gone in set(self._session_history) - live_ids:
             del self._session_history[gone]
-        _send("stats", {"t": now, "tick": True, "sessions": rows})
+        _send_stats({"t": now, "tick": True, "sessions": rows})
         return rows
 
     def sample(self) -> list[dict[str, Any]]:
-        """Return the ``stats`` rows of every session loaded in this process (on the loop)."""
+        """Return the ``stats`` rows of every session loaded in this process (on the loop).
+
+        Redis backend: of every session loaded in any live process, summed over them
+        (this process's figures fresh, the others' from the last tick). Never awaits.
+        """
+        if not runtime.using_redis():
+            return [
+                _session_stats(live.session_id, live.title, live.bus.stats())
+                for live in runtime.registry.values()
+            ]
+        titles = {live.session_id: live.title for live in runtime.registry.values()}
         return [
-            _session_stats(live.session_id, live.title, live.bus.stats())
-            for live in runtime.registry.values()
+            _session_stats(sid, titles.get(sid) or self._titles.get(sid, ""), stats)
+            for sid, stats in runtime.cluster_stats(self._others).items()
         ]
 
     def snapshot(self) -> dict[str, Any]:
@@ -242,15 +302,41 @@ class OperatorFeed:
         items, self._pending = self._pending, []
         if items:
             _send("activity", {"t": _now_ms(), "items": items})
-            _send("stats", {"t": _now_ms(), "tick": False, "sessions": self.sample()})
+            _send_stats({"t": _now_ms(), "tick": False, "sessions": self.sample()})
+
+
+def _titles_of(session_ids: set[str]) -> dict[str, str]:
+    """``{id: title}`` of ``session_ids`` ("" for a row that is gone), sync (DB)."""
+    found = dict(AgentSession.objects.filter(pk__in=session_ids).values_list("id", "title"))
+    return {sid: found.get(sid, "") for sid in session_ids}
 
 
 def _send(event_type: str, payload: dict[str, Any]) -> None:
-    """Publish on the operator channel: in-memory fan-out to its listeners, no storage."""
+    """Publish on the operator channel: in-memory fan-out to its listeners, no storage.
+
+    With ``EVENTSTREAM_REDIS`` django-eventstream relays it through Redis to the
+    listeners of every process.
+    """
     try:
         send_event(OPERATOR_CHANNEL, event_type, orjson.dumps(payload).decode(), json_encode=False)
     except Exception:
         logger.exception("operator_feed_send_failed type=%s", event_type)
+
+
+def _send_stats(payload: dict[str, Any]) -> None:
+    """Publish a ``stats`` event to this process's listeners only (see the module docstring).
+
+    Without the relay this is :func:`_send`. With it, the event is queued for the local
+    listeners the way django-eventstream's ``send_event`` does without a relay.
+    """
+    if getattr(eventstream, "redis_client", None) is None:
+        _send("stats", payload)
+        return
+    try:
+        event = Event(OPERATOR_CHANNEL, "stats", orjson.dumps(payload).decode())
+        get_listener_manager().add_to_queues(OPERATOR_CHANNEL, event)
+    except Exception:
+        logger.exception("operator_feed_send_failed type=stats")
 
 
 feed = OperatorFeed()
@@ -297,6 +383,8 @@ def home(request: HttpRequest) -> HttpResponse:
     except TimeoutError:  # a stuck loop must not take the page down: show saved numbers
         logger.warning("dashboard_live_numbers_unavailable reason=timeout")
         live = None
+    if live is None and runtime.using_redis() and runtime.server_loop() is None:
+        live = _cluster_rows()  # nothing loaded here: the other processes' numbers
     live_rows = {row["id"]: row for row in (live or {}).get("sessions", [])}
     rows = []
     for row in AgentSession.objects.select_related("owner").order_by("-created_at")[
@@ -323,6 +411,17 @@ def home(request: HttpRequest) -> HttpResponse:
         "dashboard.html",
         {"dashboard_config": config, "sessions": rows, "max_listed": MAX_LISTED_SESSIONS},
     )
+
+
+def _cluster_rows() -> dict[str, Any] | None:
+    """Redis backend, no server loop here: ``{"sessions": [stats rows]}`` summed over the
+    live processes, read with a short-lived client; None when Redis does not answer."""
+    try:
+        stats = runtime.operator_stats_blocking()
+    except (runtime.BackendUnavailableError, TimeoutError) as exc:
+        logger.warning("dashboard_live_numbers_unavailable error=%r", exc)
+        return None
+    return {"sessions": [_session_stats(sid, "", s) for sid, s in stats.items()]}
 
 
 def _dashboard_row(row: AgentSession, live: dict[str, Any] | None) -> dict[str, Any]:
@@ -356,7 +455,7 @@ async def operator_events(request: HttpRequest) -> HttpResponse:
     403 JSON otherwise. Captures the server loop (so the feed samples even before
     any bus is built) and hands over to django-eventstream's ``events`` view.
     """
-    user = await request.auser()
+    user = await request_user(request)
     refused = _staff_error(user)
     if refused is not None:
         logger.warning(
@@ -368,7 +467,11 @@ async def operator_events(request: HttpRequest) -> HttpResponse:
     runtime.attach_server_loop()
     from django_eventstream.views import events
 
-    response: HttpResponse = await sync_to_async(events)(request, channels=[OPERATOR_CHANNEL])
+    # In a worker thread whose connection is closed after it (an `es-meta` user is read from
+    # the database): the stream it returns must hold none for its life (issue 6).
+    response: HttpResponse = await database_sync_to_async(events)(
+        request, channels=[OPERATOR_CHANNEL]
+    )
     return response
 
 

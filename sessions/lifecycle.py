@@ -54,6 +54,8 @@ import threading
 from types import FrameType
 from typing import Any, Final
 
+from django.db import DatabaseError, connections
+
 from sessions import dashboard, records, runtime
 
 __all__ = ["SHUTDOWN_TIMEOUT_S", "enabled", "flush_at_exit", "loop_attached", "shutdown"]
@@ -112,8 +114,16 @@ async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool =
 
 
 def flush_at_exit() -> None:
-    """``atexit``: write what is still pending, in this thread (no loop runs any more)."""
+    """``atexit``: write what is still pending, in this thread (no loop runs any more).
+
+    Then closes this thread's database connections: nothing is left to be dropped unclosed
+    when the process ends (issue 6). Never raises.
+    """
     written = records.recorder.flush_sync()
+    try:
+        connections.close_all()
+    except DatabaseError:
+        logger.debug("exit_close_failed", exc_info=True)
     if written:
         logger.info("exit_flushed records=%d", written)
 

@@ -39,6 +39,7 @@ from sessions import runtime
 from sessions.conf import get_config
 from sessions.demo import agent_turns
 from sessions.models import AgentSession, normalize_session_id
+from sessions.queries import request_user, session_row
 from sessions.views import MAX_QUEUED_DEFAULT, MAX_QUEUED_MAX, MAX_QUEUED_MIN, error_response
 
 __all__ = [
@@ -148,11 +149,11 @@ async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
     logged in, 403 neither owner nor staff, 404 unknown session, 409 ``demo_running``
     (one agent per session) or ``session_closed``.
     """
-    user = await request.auser()
+    user = await request_user(request)
     if not user.is_authenticated:
         return error_response(401, "unauthorized", "log in to start the demo agent")
     normalized = normalize_session_id(session_id)
-    row = await AgentSession.objects.filter(pk=normalized).afirst() if normalized else None
+    row = await session_row(normalized) if normalized else None
     if row is None:
         return error_response(404, "not_found", "unknown session")
     if not _can_view(user, row):

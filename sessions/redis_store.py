@@ -43,8 +43,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+import redis
 import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = [
     "BackendUnavailableError",
@@ -52,6 +55,7 @@ __all__ = [
     "RedisStore",
     "SessionHead",
     "SessionWindow",
+    "read_reports_blocking",
 ]
 
 logger = logging.getLogger("qwenweb.redis")
@@ -172,6 +176,9 @@ class RedisStore:
         self._wake_seen = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
         self.available = True
+        # Set while Redis has confirmed the control listener's subscription: from then on
+        # PUBLISH counts this process among the receivers of its own control messages.
+        self._subscribed = asyncio.Event()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -251,10 +258,20 @@ class RedisStore:
         return PublishOutcome("noepoch")
 
     async def send_control(self, message: Mapping[str, Any]) -> int:
-        """Publish a control message to every process; returns how many received it."""
+        """Publish a control message to every other process; return how many received it.
+
+        A store whose listener started but is not subscribed yet waits for that (at most
+        the connect timeout), so that the count leaves this process out exactly.
+        Raises :class:`BackendUnavailableError`.
+        """
+        if self._tasks and not self._subscribed.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                    await self._subscribed.wait()
         payload = orjson.dumps({**message, "from": self.process_uid})
         with _unavailable_as_error():
-            return int(await self.client.publish(self.control_channel, payload))
+            receivers = int(await self.client.publish(self.control_channel, payload))
+        return max(0, receivers - (1 if self._subscribed.is_set() else 0))
 
     async def report(self, report: Mapping[str, Any]) -> None:
         """Write this process's report with the TTL and note the process as alive."""
@@ -274,7 +291,7 @@ class RedisStore:
             uids = await self.client.zrange(f"{self.prefix}:procs", 0, -1)
             if not uids:
                 return []
-            raw = await self.client.mget([f"{self.prefix}:proc:{_text(uid)}" for uid in uids])
+            raw = await self.client.mget(_report_keys(self.prefix, uids))
         return [orjson.loads(item) for item in raw if item is not None]
 
     # -- the reader -------------------------------------------------------------------------
@@ -340,6 +357,7 @@ class RedisStore:
                 try:
                     await self._read_once(reader, on_entries)
                     if not self.available:
+                        await self._drop_idle_connections()
                         self.available = True
                         logger.warning("backend_recovered url=%s", _safe_url(self.url))
                         on_recovery()
@@ -353,6 +371,7 @@ class RedisStore:
                             f"{type(exc).__name__}: {exc}",
                         )
                         on_outage(exc)
+                        await self._drop_idle_connections()
                     with contextlib.suppress(Exception):
                         await reader.connection.disconnect()  # type: ignore[union-attr]
                     await asyncio.sleep(backoff)
@@ -360,6 +379,16 @@ class RedisStore:
         finally:
             with contextlib.suppress(Exception):
                 await reader.aclose()
+
+    async def _drop_idle_connections(self) -> None:
+        """Close the pool's idle connections, at an outage and at the recovery. Never raises.
+
+        A Redis that went away closed them; redis-py only checks a pooled connection for
+        unread data, so each would fail one command (a spurious 503) after Redis returns.
+        Connections in use are left alone: a failing command disconnects its own.
+        """
+        with contextlib.suppress(Exception):
+            await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _read_once(self, reader: redis_asyncio.Redis, on_entries: EntryHandler) -> None:
         streams: dict[Any, Any] = {self._wake_key: self._wake_seen}
@@ -388,13 +417,18 @@ class RedisStore:
     async def _listen_forever(self, on_control: ControlHandler) -> None:
         backoff = _BACKOFF_START_S
         while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.control_channel)
                 backoff = _BACKOFF_START_S
                 while True:
                     message = await pubsub.get_message(timeout=_READ_BLOCK_MS / 1000)
                     if message is None:
+                        continue
+                    if message["type"] == "subscribe":  # Redis confirmed the subscription
+                        self._subscribed.set()
+                        continue
+                    if message["type"] != "message":
                         continue
                     try:
                         decoded = orjson.loads(message["data"])
@@ -407,6 +441,7 @@ class RedisStore:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
             finally:
+                self._subscribed.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
@@ -428,6 +463,38 @@ class RedisStore:
             await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
         with contextlib.suppress(Exception):
             await self.client.aclose()
+
+
+def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Return every live process's report, read with a short-lived synchronous client.
+
+    For threads without a store's loop (an admin view in a process that never built a
+    store): what :meth:`RedisStore.reports` returns, in two round-trips (``ZRANGE``,
+    ``MGET``) on one connection, closed before returning. Connecting and each command are
+    bounded by ``timeout_s`` and never retried, so a stuck Redis costs at most about
+    three times ``timeout_s``.
+
+    Raises:
+        BackendUnavailableError: Redis unreachable, or too slow to answer.
+    """
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        with _unavailable_as_error():
+            uids: Any = client.zrange(f"{prefix}:procs", 0, -1)
+            raw: Any = client.mget(_report_keys(prefix, uids)) if uids else []
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()  # and its pool's one connection
+    return [orjson.loads(item) for item in raw if item is not None]
+
+
+def _report_keys(prefix: str, uids: Any) -> list[str]:
+    return [f"{prefix}:proc:{_text(uid)}" for uid in uids]
 
 
 @contextlib.contextmanager

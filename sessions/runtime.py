@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,26 +58,37 @@ from sessions.bus import (
 )
 from sessions.conf import get_config
 from sessions.models import AgentSession
-from sessions.redis_store import BackendUnavailableError, RedisStore, entry_json
+from sessions.redis_store import (
+    BackendUnavailableError,
+    RedisStore,
+    entry_json,
+    read_reports_blocking,
+)
 
 __all__ = [
     "BackendUnavailableError",
+    "Disconnected",
     "LiveSession",
     "Published",
     "ServerLoopUnavailableError",
     "SessionClosedError",
     "SessionNotFoundError",
+    "adopt_request_loop",
     "attach_server_loop",
     "call_on_server_loop",
     "call_soon_on_server_loop",
     "close_backend",
     "close_session",
+    "cluster_stats",
+    "disconnect_everywhere",
     "disconnect_subscribers",
     "flush_all",
     "get_live_session",
     "live_stats",
     "merge_reports",
     "operator_stats",
+    "operator_stats_blocking",
+    "other_reports",
     "publish",
     "publish_nowait",
     "redis_store",
@@ -466,12 +479,22 @@ def run_on_server_loop(
         raise ServerLoopUnavailableError("no server event loop in this process")
     if _on_loop_thread(loop):
         raise RuntimeError("run_on_server_loop() called on the server loop; await instead")
-    future = asyncio.run_coroutine_threadsafe(coroutine(), loop)
+    future = _submit(coroutine(), loop)
     try:
         return future.result(timeout_s)
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError(f"the server loop did not answer within {timeout_s} s") from None
+
+
+def _submit(
+    coroutine: Coroutine[Any, Any, _T], loop: asyncio.AbstractEventLoop
+) -> concurrent.futures.Future[_T]:
+    """``run_coroutine_threadsafe`` in a fresh context: the caller's context variables must
+    not follow the coroutine (nor the tasks it starts) onto the loop. A Django request's
+    thread carries asgiref's ``ThreadSensitiveContext``, which would send the coroutine's
+    ``database_sync_to_async`` calls to that very thread, blocked waiting for it."""
+    return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coroutine, loop)
 
 
 def call_on_server_loop(function: Callable[[], _T], *, default: _T, timeout_s: float = 5.0) -> _T:
@@ -509,6 +532,47 @@ def call_soon_on_server_loop(function: Callable[..., object], *args: Any) -> boo
     return True
 
 
+def adopt_request_loop(*, timeout_s: float = 5.0) -> asyncio.AbstractEventLoop | None:
+    """From a sync view's worker thread: return the server loop, adopting the request's.
+
+    When this process has no server loop yet (it never built a bus), the loop serving
+    this thread's request becomes it (:func:`attach_server_loop` runs there, so the
+    operator machinery starts as with a first bus): the loop asgiref's ``SyncToAsync``
+    recorded for this thread, which is the one Django's ``ASGIHandler`` runs on. For
+    operator actions that must reach other processes (Redis backend) from a process that
+    has loaded nothing. Returns None outside a request served over ASGI (Django's test
+    client, WSGI).
+
+    Raises:
+        TimeoutError: the request's loop did not answer within ``timeout_s``.
+    """
+    loop = server_loop()
+    if loop is not None:
+        return loop
+    from asgiref.sync import SyncToAsync
+
+    local = SyncToAsync.threadlocal
+    request_loop: asyncio.AbstractEventLoop | None = getattr(local, "main_event_loop", None)
+    if (
+        request_loop is None
+        or getattr(local, "main_event_loop_pid", None) != os.getpid()
+        or request_loop.is_closed()
+        or not request_loop.is_running()
+        or _on_loop_thread(request_loop)
+    ):
+        return None
+
+    async def attach() -> asyncio.AbstractEventLoop:
+        return attach_server_loop()
+
+    future = _submit(attach(), request_loop)
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"the request's loop did not answer within {timeout_s} s") from None
+
+
 def live_stats(session_ids: Any = None) -> dict[str, BusStats]:
     """Return ``{session id: bus.stats()}`` for the loaded sessions (EB-10). On the loop only.
 
@@ -534,13 +598,42 @@ async def disconnect_subscribers(session_id: str, *, reason: str) -> int:
     Raises:
         BackendUnavailableError: Redis backend, Redis unreachable (local ones are ended).
     """
+    done = await disconnect_everywhere(session_id, reason=reason)
+    if done.told is None:
+        raise BackendUnavailableError("Redis is unavailable: no other process was told")
+    return done.here
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """What :func:`disconnect_everywhere` did.
+
+    ``here``: subscribers ended in this process. ``told``: how many other processes
+    received the request (Redis backend; each ends its own subscribers and sends no count
+    back): 0 with the memory backend, None when Redis could not be reached.
+    """
+
+    here: int
+    told: int | None
+
+
+async def disconnect_everywhere(session_id: str, *, reason: str) -> Disconnected:
+    """:func:`disconnect_subscribers`, saying how many other processes were told.
+
+    Never raises: Redis unreachable gives ``told=None`` (local subscribers are ended).
+    """
     live = registry.get(session_id)
-    count = live.bus.disconnect_all(reason) if live is not None else 0
-    if using_redis():
-        await redis_store().send_control(
-            {"op": "disconnect", "session": session_id, "reason": reason}
-        )
-    return count
+    here = live.bus.disconnect_all(reason) if live is not None else 0
+    if not using_redis():
+        return Disconnected(here, 0)
+    store = redis_store()
+    message = {"op": "disconnect", "session": session_id, "reason": reason}
+    try:
+        told = await store.send_control(message)
+    except BackendUnavailableError as exc:
+        logger.error("disconnect_not_relayed session=%s error=%s", session_id, exc)
+        return Disconnected(here, None)
+    return Disconnected(here, told)
 
 
 # -- the Redis backend (issue 6) -----------------------------------------------------------
@@ -918,7 +1011,69 @@ async def operator_stats(session_ids: Any = None) -> dict[str, BusStats]:
     """
     if not using_redis():
         return live_stats(session_ids)
+    return cluster_stats(await other_reports(), session_ids)
+
+
+async def other_reports() -> list[dict[str, Any]]:
+    """Return the reports of every other live process, on the loop (one ZRANGE + MGET).
+
+    Memory backend: ``[]``. Raises :class:`BackendUnavailableError` (Redis unreachable).
+    """
+    if not using_redis():
+        return []
     store = redis_store()
-    reports = [r for r in await store.reports() if r.get("process") != store.process_uid]
-    reports.append(_make_report())
-    return merge_reports(reports, session_ids)
+    return [r for r in await store.reports() if r.get("process") != store.process_uid]
+
+
+def cluster_stats(
+    others: Sequence[Mapping[str, Any]], session_ids: Any = None
+) -> dict[str, BusStats]:
+    """Sum this process's fresh figures with ``others`` (:func:`other_reports`), on the loop.
+
+    For callers that fetch the other reports less often than they sample (the dashboard's
+    feed, once per tick). With ``others`` empty this is :func:`live_stats`. Never raises
+    on well-formed reports, never awaits.
+    """
+    if not others:
+        return live_stats(session_ids)
+    return merge_reports([*others, _make_report()], session_ids)
+
+
+#: How long an operator page waits for the cluster's figures (Redis backend).
+OPERATOR_STATS_TIMEOUT_S = 2.0
+
+
+def operator_stats_blocking(
+    session_ids: Any = None, *, timeout_s: float = OPERATOR_STATS_TIMEOUT_S
+) -> dict[str, BusStats]:
+    """Return :func:`operator_stats` from sync code in another thread (admin, dashboard).
+
+    Memory backend: this process's live figures, read on the server loop (``{}`` when
+    there is none: nothing is loaded). Redis backend: the sums over every live process —
+    on the server loop when this process has one, else read with a short-lived
+    synchronous client (:func:`~sessions.redis_store.read_reports_blocking`), so a process
+    that has loaded nothing still shows the cluster's numbers and starts nothing. Blocks
+    for about ``timeout_s`` at most (one more second if the loop itself is stuck).
+
+    Raises:
+        TimeoutError: the server loop did not answer in time.
+        BackendUnavailableError: Redis backend, Redis unreachable or slower than
+            ``timeout_s``.
+    """
+    if not using_redis():
+        return call_on_server_loop(lambda: live_stats(session_ids), default={}, timeout_s=timeout_s)
+    if server_loop() is None:
+        config = get_config()
+        reports = read_reports_blocking(
+            config.redis_url, config.redis_key_prefix, timeout_s=timeout_s / 3
+        )
+        return merge_reports(reports, session_ids)
+
+    async def bounded() -> dict[str, BusStats]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await operator_stats(session_ids)
+        except TimeoutError:
+            raise BackendUnavailableError(f"Redis did not answer within {timeout_s} s") from None
+
+    return run_on_server_loop(bounded, timeout_s=timeout_s + 1.0)

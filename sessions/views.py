@@ -33,6 +33,7 @@ from sessions.auth import TokenClaims, TokenError, issue_token, parse_bearer, ve
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import get_config
 from sessions.models import AgentSession, normalize_session_id
+from sessions.queries import request_user, session_row
 from sessions.sse import sanitize_for_log
 
 logger = logging.getLogger("qwenweb.api")
@@ -134,7 +135,7 @@ async def _authenticate(request: HttpRequest) -> Principal:
         except TokenError as exc:
             raise ApiError(401, "unauthorized", str(exc)) from None
         return Principal(claims, None, False, claims.subject)
-    user = await request.auser()
+    user = await request_user(request)
     if not user.is_authenticated:
         raise ApiError(
             401, "unauthorized", "authentication required: send Authorization: Bearer <token>"
@@ -157,6 +158,17 @@ def _session_id_or_404(raw: str) -> str:
     if session_id is None:
         raise ApiError(404, "not_found", "unknown session")
     return session_id
+
+
+async def _row_or_404(session_id: str) -> AgentSession:
+    """Return the session's row, read without keeping a connection (``sessions.queries``).
+
+    Raises ``ApiError`` 404 when there is none (deleted meanwhile).
+    """
+    row = await session_row(session_id)
+    if row is None:
+        raise ApiError(404, "not_found", "unknown session")
+    return row
 
 
 def _parse_json_body(request: HttpRequest, *, required: bool) -> Any:
@@ -441,7 +453,7 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     try:
         live = await _open_session(principal, session_id, "read")
     except runtime.SessionClosedError:
-        row = await AgentSession.objects.aget(pk=session_id)
+        row = await _row_or_404(session_id)
         return JsonResponse(
             {
                 "id": row.id,
@@ -500,7 +512,7 @@ async def close_session(request: HttpRequest, session_id: str) -> HttpResponse:
         await _open_session(principal, session_id, "publish")
         last_id = await runtime.close_session(session_id, reason="closed", closed_by=principal.name)
     except runtime.SessionClosedError:
-        row = await AgentSession.objects.aget(pk=session_id)
+        row = await _row_or_404(session_id)
         return JsonResponse(
             {
                 "id": session_id,
@@ -525,7 +537,7 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
     ``publish``. Returns ``{"token", "scope", "sessionId", "expiresInS"}``.
     """
     session_id = _session_id_or_404(session_id)
-    user = await request.auser()
+    user = await request_user(request)
     if not user.is_authenticated:
         raise ApiError(401, "unauthorized", "log in to obtain a token")
     _enforce_csrf(request)
@@ -536,7 +548,7 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         scope = body.get("scope", "read") if isinstance(body, dict) else None
     if scope not in ("read", "publish"):
         raise ApiError(400, "invalid_request", "scope must be 'read' or 'publish'", field="scope")
-    row = await AgentSession.objects.filter(pk=session_id).afirst()
+    row = await session_row(session_id)
     if row is None:
         raise ApiError(404, "not_found", "unknown session")
     principal = Principal(None, user.pk, user.is_staff, user.get_username())

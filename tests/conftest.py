@@ -1,12 +1,21 @@
-"""Shared fixtures: a clean runtime registry per test, tokens, sessions."""
+"""Shared fixtures: a clean runtime registry per test, tokens, sessions.
+
+With ``QWENWEB_BACKEND=redis`` (``make test-redis``) every test runs against the Redis
+backend: each in-process test gets a key prefix of its own and its Redis store is closed
+on its event loop at teardown; the run's keys are deleted when it ends
+(:mod:`tests.support.backend`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 
 from sessions import dashboard, lifecycle, records, runtime
+from sessions.conf import get_config
+from tests.support import backend
 
 # The in-process tests run one event loop per test: the operator machinery (records
 # writer, dashboard feed, shutdown hooks) must not start on those loops and write at their
@@ -30,3 +39,51 @@ def _forget_runtime_state() -> None:
     runtime._server_loop = None
     records.recorder.discard()
     dashboard.feed.stop()
+
+
+# -- the Redis backend (issue 6) -----------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if backend.USING_REDIS:
+        backend.run_prefix()
+        get_config.cache_clear()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if backend.USING_REDIS:
+        backend.delete_run_keys(backend.run_prefix())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Close the Redis store on each async test's own loop (set up first, torn down last)."""
+    if not backend.USING_REDIS:
+        return
+    for item in items:
+        if pytest_asyncio.is_async_test(item):
+            item.fixturenames.insert(0, "_close_redis_store")  # type: ignore[attr-defined]
+
+
+@pytest_asyncio.fixture
+async def _close_redis_store() -> AsyncIterator[None]:
+    yield
+    await runtime.close_backend()
+
+
+@pytest.fixture(autouse=True)
+def _redis_key_prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Give the test a Redis key prefix of its own."""
+    if backend.USING_REDIS:
+        monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", backend.per_test_prefix(backend.run_prefix()))
+    get_config.cache_clear()
+    yield
+    get_config.cache_clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Fail a test that leaves a Redis store open once its fixtures are torn down."""
+    yield
+    store, runtime._store = runtime._store, None
+    if store is not None:
+        pytest.fail(f"{item.nodeid} left its Redis store open (loop {store.loop!r})")

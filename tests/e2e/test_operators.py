@@ -229,3 +229,30 @@ async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
     assert (row["end_reason"], row["end_payload"]) == ("server_shutdown", events[-1].data)
     assert (row["frames_sent"], row["bytes_sent"]) == (2, len(stream.body))
     assert session_row(database, session.id)["events_published"] == 1
+
+
+# -- admin actions on a real server ------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_close_in_the_admin_of_a_real_server_ends_the_stream(
+    start: Callable[..., ServerProcess],
+) -> None:
+    # The admin's request thread waits while the action runs on the server loop: the
+    # action's database work must not be queued to that very thread (it was: the request
+    # hung for the 10 s timeout, then answered 500).
+    server = start(serve_argv)
+    session = RemoteSession.create(server.base_url)
+    stream = await open_stream(server.port, session.events_path, session.read_token)
+    try:
+        staff = StaffClient(server.base_url).login()
+        page = staff.post_form(
+            "/admin/agent_sessions/agentsession/",
+            {"action": "close_sessions", "_selected_action": [session.id], "index": "0"},
+        )
+        assert "Closed 1 session(s)." in page
+        events = await stream.read_to_end(timeout_s=WAIT_S)
+    finally:
+        stream.close()
+    assert [e.type for e in events] == ["session_closed"]

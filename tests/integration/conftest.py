@@ -17,9 +17,12 @@ from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
+from asgiref.sync import SyncToAsync
 from asgiref.testing import ApplicationCommunicator
+from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
+from django.db import connections
 from django.test import AsyncClient
 
 from qwenweb.asgi import application
@@ -323,12 +326,27 @@ def stream_of(open_stream: OpenStream) -> Callable[..., Awaitable[Stream]]:
 # -- data --------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _close_connections_of_asgiref_thread() -> Iterator[None]:
+    """After the test, close the connections a test's own async ORM calls left open.
+
+    Outside a request, Django's async ORM (``aget``, ``async for`` over a queryset ...)
+    runs in asgiref's one process-wide thread and leaves its connection open there until
+    some later ``database_sync_to_async`` call happens to run in that thread: after the
+    last test, PostgreSQL refuses to drop the test database ("is being accessed by other
+    users", issue 6). The application never does this (``sessions.queries``,
+    ``test_db_connections.py``), nor do the helpers below; a test may.
+    """
+    yield
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=WAIT_S)
+
+
 @pytest.fixture
 def make_session() -> Callable[..., Awaitable[str]]:
     """Return ``await make_session(**fields)``: create an ``AgentSession`` row, give its id."""
 
     async def _make(**fields: Any) -> str:
-        row = await AgentSession.objects.acreate(**fields)
+        row = await database_sync_to_async(AgentSession.objects.create)(**fields)
         return row.id
 
     return _make
@@ -339,7 +357,8 @@ def make_user() -> Callable[..., Awaitable[Any]]:
     """Return ``await make_user(username, is_staff=False)``."""
 
     async def _make(username: str, *, is_staff: bool = False) -> Any:
-        return await get_user_model().objects.acreate_user(username=username, is_staff=is_staff)
+        create_user = get_user_model().objects.create_user
+        return await database_sync_to_async(create_user)(username=username, is_staff=is_staff)
 
     return _make
 
@@ -347,7 +366,7 @@ def make_user() -> Callable[..., Awaitable[Any]]:
 async def login_cookie(user: Any) -> str:
     """Return a ``Cookie`` header value holding a Django login session for ``user``."""
     client = AsyncClient()
-    await client.aforce_login(user)
+    await database_sync_to_async(client.force_login)(user)
     name = django_settings.SESSION_COOKIE_NAME
     return f"{name}={client.cookies[name].value}"
 

@@ -35,6 +35,13 @@ def free_port() -> int:
 
 
 def server_env(database_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a server process: this one's, on the SQLite file ``database_path``.
+
+    ``DATABASE_URL`` is always replaced, never passed through: the end-to-end tests read
+    their server's rows from that file (``sqlite3``), and a ``DATABASE_URL`` naming
+    PostgreSQL (``make test-postgres``) would otherwise point every server at one shared,
+    non-test database. The PostgreSQL runs cover the in-process tests (issue 6).
+    """
     env = os.environ.copy()
     env.update(
         DATABASE_URL=f"sqlite:///{database_path}",

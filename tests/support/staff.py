@@ -66,6 +66,19 @@ class StaffClient:
             assert response.url.endswith("/admin/"), f"login refused: ended on {response.url}"
         return self
 
+    def post_form(self, path: str, fields: dict[str, Any]) -> str:
+        """POST ``fields`` (values may be lists) to ``path`` with the CSRF token of the form
+        at ``path``, as a browser submits it; return the page it ends on (after redirects)."""
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', self.get_text(path))
+        assert match, f"no CSRF token in {path}"
+        body = urllib.parse.urlencode(
+            {**fields, "csrfmiddlewaretoken": match.group(1)}, doseq=True
+        ).encode()
+        request = urllib.request.Request(f"{self.base_url}{path}", data=body)
+        request.add_header("Referer", f"{self.base_url}{path}")
+        with self._opener.open(request, timeout=30) as response:
+            return str(response.read().decode())
+
     def get_text(self, path: str) -> str:
         with self._opener.open(f"{self.base_url}{path}", timeout=10) as response:
             return str(response.read().decode())
