@@ -12,7 +12,8 @@ session's keys in one Redis Cluster slot):
 ``P:proc:<uid>``   one process's report (JSON), written with a TTL.
 ``P:procs``        sorted set of process uids by last report time.
 ``P:proc:<uid>:wake`` a one-entry stream whose new entry wakes that process's reader.
-``P:control``      pub/sub channel of control messages (disconnect a session's subscribers).
+``P:control``      pub/sub channel of control messages (disconnect a session's subscribers;
+                   the operator dashboard's activity items, relayed to the other processes).
 
 Ids are assigned by one Lua script (``HINCRBY`` + ``XADD`` together), so they are plain
 integers without gaps in an epoch, whatever process publishes. If Redis loses a session's
@@ -74,20 +75,45 @@ _UNAVAILABLE: Final = (
     redis_errors.BusyLoadingError,
     redis_errors.ReadOnlyError,
     redis_errors.TryAgainError,
+    # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
+    redis_errors.OutOfMemoryError,
     OSError,
 )
 
-# KEYS: meta, stream. ARGV: envelope JSON without id, ring size, "1" to close after it.
-# -> {"ok", epoch, id} | {"closed", epoch} | {"noepoch"}
+# KEYS: meta, stream. ARGV: envelope JSON without id, ring size, "1" to close after it,
+# the highest id the caller knows was issued, the keys' time to live after a close (ms).
+# -> {"ok", epoch, id} | {"closed", epoch} | {"noepoch"} | {"stale", epoch}
 _PUBLISH_LUA: Final = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then return {'noepoch'} end
 if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} end
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if last < tonumber(ARGV[4]) then return {'stale', epoch} end
 local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
 redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'closed', id) end
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[1], 'closed', id)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
 return {'ok', epoch, id}
 """
+
+# KEYS: meta, stream. ARGV: the stale epoch, a new epoch, base id.
+# Replaces the session's data if it still has the stale epoch (or none).
+# -> {epoch, replaced (0/1)}
+_RESTART_LUA: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if epoch and epoch ~= ARGV[1] then return {epoch, 0} end
+redis.call('DEL', KEYS[1], KEYS[2])
+local base = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'last', base, 'first', base + 1)
+return {ARGV[2], 1}
+"""
+
+#: How long a closed session's keys stay in Redis (ms): long enough for every process's
+#: reader to deliver ``session_closed``; the database answers for it afterwards.
+CLOSED_KEYS_TTL_MS: Final = 3_600_000
 
 # KEYS: meta, stream. ARGV: new epoch, base id (ids continue at base + 1).
 # -> {epoch, created (0/1)}
@@ -128,7 +154,7 @@ class SessionWindow:
 
 @dataclass(frozen=True, slots=True)
 class PublishOutcome:
-    """What the publish script did: ``status`` is ``ok``, ``closed`` or ``noepoch``."""
+    """What the publish script did: ``status`` is ``ok``, ``closed``, ``stale`` or ``noepoch``."""
 
     status: str
     epoch: str | None = None
@@ -171,6 +197,7 @@ class RedisStore:
         )
         self._publish_script = self.client.register_script(_PUBLISH_LUA)
         self._ensure_script = self.client.register_script(_ENSURE_LUA)
+        self._restart_script = self.client.register_script(_RESTART_LUA)
         self._watched: dict[str, int] = {}  # session id -> last id handed to the handler
         self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
         self._wake_seen = b"0-0"
@@ -205,6 +232,23 @@ class RedisStore:
             epoch, created = await self._ensure_script(keys=keys, args=[new_epoch, base_id])
         return _text(epoch), bool(created)
 
+    async def restart_epoch(
+        self, session_id: str, stale_epoch: str | None, base_id: int
+    ) -> tuple[str, bool]:
+        """Replace data Redis went back in time on (a restore from an older snapshot) with a
+        new, empty epoch whose ids continue at ``base_id + 1``; ``(epoch, replaced)``.
+
+        Does nothing if the session's epoch is no longer ``stale_epoch`` (another process
+        restarted it first; its epoch is returned). Raises :class:`BackendUnavailableError`.
+        """
+        keys = [self.meta_key(session_id), self.stream_key(session_id)]
+        new_epoch = secrets.token_urlsafe(12)
+        with _unavailable_as_error():
+            epoch, replaced = await self._restart_script(
+                keys=keys, args=[stale_epoch or "", new_epoch, base_id]
+            )
+        return _text(epoch), bool(replaced)
+
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
         with _unavailable_as_error():
@@ -237,24 +281,38 @@ class RedisStore:
         return SessionWindow(head=head, first_id=max(1, first_id), entries=entries)
 
     async def publish(
-        self, session_id: str, body: bytes, ring_size: int, *, close: bool = False
+        self,
+        session_id: str,
+        body: bytes,
+        ring_size: int,
+        *,
+        close: bool = False,
+        known_last_id: int = 0,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring (trimmed to ``ring_size``).
 
         ``body`` is the compact JSON envelope without ``id`` (it must start with ``{"v":``).
-        ``close`` marks the session closed after this event (``session_closed``).
-        Raises :class:`BackendUnavailableError`.
+        ``close`` marks the session closed after this event (``session_closed``) and lets
+        its keys expire after ``CLOSED_KEYS_TTL_MS``. ``known_last_id``: the highest id the
+        caller knows was issued; if Redis's last id is below it, Redis went back in time
+        (restored from an older snapshot) and nothing is appended (status ``stale``): an id
+        must never be issued twice in one epoch. Raises :class:`BackendUnavailableError`.
         """
         keys = [self.meta_key(session_id), self.stream_key(session_id)]
+        args: list[bytes | str | int] = [
+            body,
+            ring_size,
+            "1" if close else "0",
+            known_last_id,
+            CLOSED_KEYS_TTL_MS,
+        ]
         with _unavailable_as_error():
-            reply = await self._publish_script(
-                keys=keys, args=[body, ring_size, "1" if close else "0"]
-            )
+            reply = await self._publish_script(keys=keys, args=args)
         status = _text(reply[0])
         if status == "ok":
             return PublishOutcome("ok", _text(reply[1]), int(reply[2]))
-        if status == "closed":
-            return PublishOutcome("closed", _text(reply[1]))
+        if status in ("closed", "stale"):
+            return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
 
     async def send_control(self, message: Mapping[str, Any]) -> int:

@@ -92,6 +92,7 @@ __all__ = [
     "publish",
     "publish_nowait",
     "redis_store",
+    "relay_activity",
     "registry",
     "run_on_server_loop",
     "server_loop",
@@ -248,14 +249,23 @@ async def _publish_redis(live: LiveSession, body: bytes, *, close: bool) -> tupl
     """Append ``body`` to the session's stream; ``(None, epoch)`` if the session is closed."""
     store = redis_store()
     for _ in range(3):
-        outcome = await store.publish(live.session_id, body, live.ring_size, close=close)
+        outcome = await store.publish(
+            live.session_id,
+            body,
+            live.ring_size,
+            close=close,
+            known_last_id=_known_last_id(live),
+        )
         if outcome.status == "ok":
             assert outcome.event_id is not None
             assert outcome.epoch is not None
+            _note_issued(live.session_id, outcome.event_id)
             return outcome.event_id, outcome.epoch
         if outcome.status == "closed":
             return None, outcome.epoch or ""
-        # "noepoch": Redis lost the session's data. Reload: a new epoch above the mark.
+        if outcome.status == "stale":  # Redis went back in time: never reissue an id
+            await _restart_epoch(live, outcome.epoch, "stale_data")
+        # Redis lost (or we replaced) the session's data. Reload: a new epoch above the mark.
         _drop_mirror(live, "epoch_reset")
         live = await get_live_session(live.session_id)
     raise BackendUnavailableError("Redis keeps losing the session's data")
@@ -689,6 +699,46 @@ def _reserve_after_new_epoch(session_id: str, base: int, block: int) -> int:
     return target
 
 
+#: The highest id this process knows was issued per session (its mirrors, its publishes,
+#: the row's saved last id): kept across mirror reloads and Redis outages, so that a Redis
+#: that comes back with older data than it gave out is recognised (see _restart_epoch).
+_known_last: dict[str, int] = {}
+
+
+def _note_issued(session_id: str, event_id: int) -> None:
+    if event_id > _known_last.get(session_id, 0):
+        _known_last[session_id] = event_id
+
+
+def _known_last_id(live: LiveSession) -> int:
+    return max(_known_last.get(live.session_id, 0), live.bus.last_event_id)
+
+
+async def _restart_epoch(live: LiveSession, stale_epoch: str | None, reason: str) -> None:
+    """Replace the session's data in Redis with a new epoch above every id ever issued.
+
+    For data Redis went back in time on (restored from a snapshot older than what it gave
+    out): in that epoch ids would be issued twice. The new epoch starts above the row's
+    reserved mark and every id this process knows of, so every old cursor resyncs (EB-7).
+    """
+    store = redis_store()
+    block = get_config().id_reservation_block
+    base = max(live.reserved_until, _known_last_id(live))
+    epoch, replaced = await store.restart_epoch(live.session_id, stale_epoch, base)
+    if replaced:
+        live.reserved_until = await database_sync_to_async(_reserve_after_new_epoch)(
+            live.session_id, base, block
+        )
+        logger.error(
+            "epoch_restarted session=%s reason=%s stale_epoch=%s epoch=%s first_id=%d",
+            live.session_id,
+            reason,
+            stale_epoch,
+            epoch,
+            base + 1,
+        )
+
+
 async def _load_redis(session_id: str) -> LiveSession:
     """Load the session's row, make sure Redis has its sequence, and build the mirror."""
     config = get_config()
@@ -717,6 +767,7 @@ async def _load_redis(session_id: str) -> LiveSession:
         created_at=row.created_at.isoformat(),
         ring_size=row.ring_size or config.ring_size,
     )
+    _note_issued(session_id, row.last_event_id)
     await _build_mirror(live, store)
     return live
 
@@ -727,6 +778,9 @@ async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
     window = await store.window(live.session_id)
     if window.head.closed:
         raise SessionClosedError(live.session_id, live.owner_id)
+    if window.head.epoch is not None and window.head.last_event_id < _known_last_id(live):
+        await _restart_epoch(live, window.head.epoch, "stale_data")
+        window = await store.window(live.session_id)
     if window.head.epoch is None:  # lost between ensure and read: let the caller retry
         raise BackendUnavailableError("Redis lost the session's data while loading it")
     entries = window.entries
@@ -754,6 +808,7 @@ async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
     )
     for event_id, body in entries:
         bus.ingest(_frame_from_entry(event_id, body))
+    _note_issued(live.session_id, bus.last_event_id)
     live.bus = bus
     store.watch(live.session_id, bus.last_event_id)
     logger.info(
@@ -824,6 +879,9 @@ async def _ready_mirror(live: LiveSession, cursor: int | None) -> LiveSession:
         head = await store.head(live.session_id)
         if head.closed:
             raise SessionClosedError(live.session_id, live.owner_id)
+        if head.epoch is not None and head.last_event_id < _known_last_id(live):
+            await _restart_epoch(live, head.epoch, "stale_data")  # Redis went back in time
+            head = await store.head(live.session_id)
         if head.epoch != live.bus.epoch or registry.get(live.session_id) is not live:
             if registry.get(live.session_id) is live:
                 _drop_mirror(live, "epoch_reset")
@@ -869,6 +927,7 @@ def _on_entries(session_id: str, entries: list[tuple[int, bytes]]) -> None:
             # (lost data) whose ids continue above ours. Either way the mirror is stale.
             _drop_mirror(live, "mirror_gap")
             break
+        _note_issued(session_id, event_id)
         if frame.type == "session_closed":
             bus.close()
             if _store is not None:
@@ -896,11 +955,39 @@ def _on_recovery() -> None:
 
 
 def _on_control(message: Mapping[str, Any]) -> None:
-    """A control message from another process (pub/sub)."""
-    if message.get("op") == "disconnect":
+    """A control message from another process (pub/sub; never one of this process's own).
+
+    ``disconnect``: end the session's subscribers here. ``activity``: dashboard activity
+    items that happened there (:func:`relay_activity`); they go to this process's
+    dashboards only, never on to another process.
+    """
+    op = message.get("op")
+    if op == "disconnect":
         live = registry.get(str(message.get("session")))
         if live is not None:
             live.bus.disconnect_all(str(message.get("reason") or "operator"))
+    elif op == "activity":
+        items = message.get("items")
+        if isinstance(items, list):
+            from sessions.dashboard import feed  # imports this module
+
+            feed.note_remote([item for item in items if isinstance(item, dict)])
+
+
+async def relay_activity(items: Sequence[Mapping[str, Any]]) -> None:
+    """Redis backend: send dashboard activity ``items`` to every other process's feed.
+
+    One control message ``{"op": "activity", "items": [...]}`` on the prefixed control
+    channel; each other process hands the items to its own dashboards (:func:`_on_control`)
+    and sends them nowhere else. Fails at once while this process's reader has lost Redis.
+
+    Raises:
+        BackendUnavailableError: Redis unreachable.
+    """
+    store = redis_store()
+    if not store.available:
+        raise BackendUnavailableError("Redis is unavailable (this process's reader lost it)")
+    await store.send_control({"op": "activity", "items": list(items)})
 
 
 def _report_and_sweep() -> dict[str, Any]:

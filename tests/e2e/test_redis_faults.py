@@ -573,3 +573,61 @@ async def test_redis_restart_without_persistence_resyncs_and_publish_goes_on(
         assert event_ids(got) == list(range(mark + 1, mark + 12))
         client.close()
     _assert_one_outage_logged(cluster)
+
+
+async def test_full_redis_answers_503_and_publishing_resumes_when_memory_frees(
+    volatile_cluster: Cluster,
+) -> None:
+    """A full Redis (maxmemory reached, policy noeviction) refuses writes: publish answers
+    503 ``backend_unavailable`` (a clear error, not a 500) and nothing is issued; once it
+    has room again, ids continue without a gap (issue 6, failure behaviour)."""
+    session = RemoteSession.create(volatile_cluster.a.base_url)
+    first_id, epoch = _publish_ok(volatile_cluster.a, session)
+    client = volatile_cluster.redis.client()
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        status, body, headers = _publish(volatile_cluster.b, session)
+        assert (status, body["code"]) == (503, "backend_unavailable"), body
+        assert "retry-after" in headers
+        client.config_set("maxmemory", "0")
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
+    assert _publish_ok(volatile_cluster.b, session) == (first_id + 1, epoch)
+
+
+async def test_redis_restored_from_an_older_snapshot_never_reissues_ids(
+    volatile_cluster: Cluster, streams: Streams
+) -> None:
+    """Redis restarts from an RDB snapshot older than what it gave out (ids 4..6 were
+    issued after the snapshot): the same epoch would hand out 4, 5, 6 again and a client
+    at cursor 6 would silently miss them. Instead a new epoch starts above the reserved
+    mark and the cursor resyncs (EB-7, issue 6)."""
+    cluster = volatile_cluster
+    session = RemoteSession.create(cluster.a.base_url)
+    reader = await streams.live(cluster.b, session)
+    for _ in range(3):
+        _publish_ok(cluster.a, session)
+    client = cluster.redis.client()
+    try:
+        client.save()  # the snapshot holds ids 1..3
+    finally:
+        client.close()
+    ids = [_publish_ok(cluster.a, session)[0] for _ in range(3)]
+    assert ids == [4, 5, 6]
+    await reader.read_until(_saw_id(6), timeout_s=RECOVERY_S)
+    epoch = reader.response_headers["x-event-epoch"]
+    assert cluster.redis.process is not None
+    cluster.redis.process.kill()  # no shutdown save: the restart loads the older snapshot
+    cluster.redis.process.wait(timeout=10)
+    cluster.redis.start()
+    new_id, new_epoch = _publish_once_back(cluster.a, session)
+    assert new_epoch != epoch
+    assert new_id > 100_000  # above the mark reserved before the restore (one block)
+    resumed = await streams.resume(cluster.b, session, 6, epoch)
+    await resumed.read_until(_saw("replay_complete"), timeout_s=RECOVERY_S)
+    resync = _frames(resumed.events)[0]
+    assert resync["type"] == "state_resync_required"
+    assert resync["data"]["reason"] == "epoch_reset"
+    assert [i for i in event_ids(resumed.events) if i <= 6] == []

@@ -184,3 +184,54 @@ async def test_merge_reports_sums_processes() -> None:
     assert merged["s1"].last_event_id == 12
     assert merged["s2"].subscriber_count == 1
     assert runtime.merge_reports([], ["s1"]) == {}
+
+
+async def _roll_back(session_id: str, to_id: int, down_from: int) -> None:
+    """Simulate Redis restored from an older snapshot: ids above ``to_id`` forgotten."""
+    store = runtime.redis_store()
+    await store.client.hset(store.meta_key(session_id), "last", to_id)
+    await store.client.xdel(
+        store.stream_key(session_id), *[f"{n}-0" for n in range(to_id + 1, down_from + 1)]
+    )
+
+
+async def test_redis_back_in_time_never_reissues_an_id_on_publish(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    """Redis came back with older data than it gave out (an RDB restore): the next publish
+    must not hand out ids 4, 5 again in the same epoch; a new epoch starts above the mark
+    and a client at cursor 5 resyncs (EB-7) instead of silently missing events."""
+    session_id = await make_session()
+    reader = await stream_of(session_id)
+    assert await publish_many(session_id, 5) == [1, 2, 3, 4, 5]
+    await reader.read_until(lambda s: len(s.frames) >= 5)
+    old_epoch = reader.headers["x-event-epoch"]
+    await _roll_back(session_id, 3, 5)
+    response = await publish(session_id, {"type": "after-restore"})
+    assert response.status == 200, response.body
+    assert response.json()["id"] > get_config().id_reservation_block
+    assert response.json()["epoch"] != old_epoch
+    cursor = {"Last-Event-ID": "5", "X-Event-Epoch": old_epoch}
+    resumed = await stream_of(session_id, headers=cursor)
+    resync = await resumed.read_until_type("state_resync_required")
+    assert resync["data"]["reason"] == "epoch_reset"
+
+
+async def test_redis_back_in_time_is_seen_by_a_subscriber_without_a_publish(
+    redis_backend: str, make_session: Any, stream_of: StreamOf
+) -> None:
+    """The same restore noticed when a client reconnects first (nothing published since):
+    this process's mirror had seen id 5, Redis says 3 -> a new epoch, the cursor resyncs."""
+    session_id = await make_session()
+    reader = await stream_of(session_id)
+    await publish_many(session_id, 5)
+    await reader.read_until(lambda s: len(s.frames) >= 5)
+    old_epoch = reader.headers["x-event-epoch"]
+    await _roll_back(session_id, 3, 5)
+    cursor = {"Last-Event-ID": "5", "X-Event-Epoch": old_epoch}
+    resumed = await stream_of(session_id, headers=cursor)
+    resync = await resumed.read_until_type("state_resync_required")
+    assert resync["data"]["reason"] == "epoch_reset"
+    assert resumed.headers["x-event-epoch"] != old_epoch
+    response = await publish(session_id, {"type": "next"})
+    assert response.json()["id"] > get_config().id_reservation_block
