@@ -185,42 +185,12 @@ LOGGING = {
     },
 }
 
-# The operator feed across processes (issue 6), opt-in: QWENWEB_EVENTSTREAM_REDIS_URL (a
-# redis://, rediss:// or unix:// URL) makes django-eventstream's `send_event` publish each
-# operator event on Redis pub/sub (its fixed channel "events_channel") instead of queueing
-# it locally; every process hands what it receives to its own /ops/events/ listeners. Not
-# implied by the Redis backend: the channel is shared by every deployment on that Redis and
-# the listener does not survive a Redis outage (docs/deployment.md). django-eventstream
-# only tests that EVENTSTREAM_REDIS exists, so it is defined only when the relay is on.
-
-
-def _eventstream_redis(url: str) -> dict[str, object]:
-    """Return ``redis.Redis`` keyword arguments for the relay to the Redis at ``url``.
-
-    Raises:
-        ValueError: the URL's scheme is not redis://, rediss:// or unix:// (redis-py).
-    """
-    from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
-
-    kwargs: dict[str, object] = parse_url(url)  # type: ignore[no-untyped-call]  # redis-py
-    # parse_url returns connection-pool arguments; django-eventstream passes these to
-    # redis.Redis (publish) and redis.asyncio.Redis (listener), which spell them this way.
-    connection_class = kwargs.pop("connection_class", None)
-    if connection_class is SSLConnection:
-        kwargs["ssl"] = True
-    elif connection_class is UnixDomainSocketConnection:
-        kwargs["unix_socket_path"] = kwargs.pop("path", None)
-    # `send_event` publishes synchronously on the server's event loop, so a publish must
-    # fail fast while Redis is down: no retries (redis-py's default retries with backoff
-    # held the loop for seconds per event) and a 1 s bound per connect or command.
-    kwargs.setdefault("retry", None)
-    kwargs.setdefault("socket_connect_timeout", 1.0)
-    kwargs.setdefault("socket_timeout", 1.0)
-    return kwargs
-
-
-if _eventstream_redis_url := os.environ.get("QWENWEB_EVENTSTREAM_REDIS_URL", ""):
-    EVENTSTREAM_REDIS = _eventstream_redis(_eventstream_redis_url)
+# The operator feed across processes (issue 6): with the Redis backend, each process relays
+# its dashboard activity to the others over the backend's own pub/sub control channel,
+# under QWENWEB_REDIS_KEY_PREFIX (sessions.dashboard). django-eventstream's relay,
+# EVENTSTREAM_REDIS, is deliberately not set: it would deliver every item a second time,
+# on a channel shared by every deployment on that Redis, with a listener that never comes
+# back after an outage and a publish that blocks the event loop (docs/deployment.md).
 
 # HTTPS deployments (docs/deployment.md): DJANGO_SECURE_COOKIES=1 sends the login session
 # and CSRF cookies over HTTPS only (`manage.py check --deploy`, W012 and W016).

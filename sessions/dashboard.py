@@ -43,11 +43,20 @@ Several processes (Redis backend)
     bounded by the tick) and keeps them until the next: every sample sums them with this
     process's fresh figures without asking Redis again (the reports change only every
     ``PROCESS_TTL_S / 4`` anyway). Redis unreachable: this process's figures only.
-    ``stats`` go to this process's own dashboards only, even when django-eventstream
-    relays the channel through Redis (``EVENTSTREAM_REDIS``): they are the cluster's sums
+    ``stats`` go to this process's own dashboards only: they are the cluster's sums
     already, and relayed, every process's ticker would reach every dashboard — N copies
     a second, sampled at different instants, each adding a point to the plots and making
-    the rates jump. ``activity`` happens in one process and is relayed to all.
+    the rates jump. ``activity`` happens in one process: it goes to that process's
+    dashboards and is relayed to the others over the backend's own control channel
+    (``{"op": "activity", "items": [...]}`` on ``<prefix>:control``,
+    :func:`sessions.runtime.relay_activity`), batched with the local send, at most one
+    publish in flight (a backlog of :data:`RELAY_BACKLOG` items at most), never awaited by
+    :meth:`OperatorFeed.note`. A process hands relayed items to its own dashboards only
+    (:meth:`OperatorFeed.note_remote`): nothing is echoed. Items noted while Redis is
+    down are lost to the other processes (pub/sub keeps nothing either). django-eventstream's
+    own relay (``EVENTSTREAM_REDIS``) is not configured (docs/deployment.md, section 8);
+    were it set by hand, :func:`_send` still delivers to this process's listeners only,
+    so no item arrives twice.
 """
 
 from __future__ import annotations
@@ -103,6 +112,8 @@ ACTIVITY_DELAY_S: Final = 0.1
 """Activity is sent this long after it happened, batched (django-eventstream queues at
 most 10 events per listener between two reads)."""
 RECENT_ACTIVITY: Final = 50
+RELAY_BACKLOG: Final = 1000
+"""Redis backend: activity items waiting for the relay at most (the oldest are dropped)."""
 MAX_LISTED_SESSIONS: Final = 200
 RECORDS_LIMIT: Final = 200
 
@@ -171,19 +182,43 @@ class OperatorFeed:
         self._others: list[dict[str, Any]] = []
         self._titles: dict[str, str] = {}
         self._redis_failing = False
+        # Redis backend: items noted here, not yet relayed to the other processes, and the
+        # one relay publish in flight.
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=RELAY_BACKLOG)
+        self._relay_task: asyncio.Task[None] | None = None
 
     def note(self, kind: str, session_id: str, **fields: Any) -> None:
         """Queue one activity item; it goes out within :data:`ACTIVITY_DELAY_S`.
 
         Call on the server's loop. Never raises, never awaits; without a running
-        loop the item is only kept for the next dashboard page.
+        loop the item is only kept for the next dashboard page. Redis backend: the item
+        is relayed to the other processes' dashboards too (see the module docstring).
         """
         item = {"kind": kind, "session": session_id, "t": _now_ms(), **fields}
         self._recent.append(item)
         if self._loop is None or self._loop.is_closed():
             return
         self._pending.append(item)
-        if self._soon is None:
+        if runtime.using_redis():
+            self._outbox.append(item)
+        self._send_soon()
+
+    def note_remote(self, items: list[dict[str, Any]]) -> None:
+        """Take activity items relayed from another process (Redis backend).
+
+        ``items`` as :meth:`note` makes them. They are kept for the next dashboard page
+        and sent to this process's dashboards within :data:`ACTIVITY_DELAY_S`, never
+        relayed again (no echo between processes). Call on the server's loop. Never
+        raises, never awaits.
+        """
+        self._recent.extend(items)
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._pending.extend(items)
+        self._send_soon()
+
+    def _send_soon(self) -> None:
+        if self._soon is None and self._loop is not None:
             self._soon = self._loop.call_later(ACTIVITY_DELAY_S, self._send_activity)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -196,11 +231,14 @@ class OperatorFeed:
 
     def stop(self) -> None:
         """Stop sampling and forget history and activity (tests). Never raises."""
-        if self._task is not None and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._loop is not None and not self._loop.is_closed():
+            for task in (self._task, self._relay_task):
+                if task is not None:
+                    self._loop.call_soon_threadsafe(task.cancel)
         if self._soon is not None:
             self._soon.cancel()
-        self._task = self._loop = self._soon = None
+        self._task = self._loop = self._soon = self._relay_task = None
+        self._outbox.clear()
         self._history.clear()
         self._session_history.clear()
         self._recent.clear()
@@ -259,7 +297,7 @@ class OperatorFeed:
             history.append((now, row["published"], row["subscribers"]))
         for gone in set(self._session_history) - live_ids:
             del self._session_history[gone]
-        _send_stats({"t": now, "tick": True, "sessions": rows})
+        _send("stats", {"t": now, "tick": True, "sessions": rows})
         return rows
 
     def sample(self) -> list[dict[str, Any]]:
@@ -302,7 +340,27 @@ class OperatorFeed:
         items, self._pending = self._pending, []
         if items:
             _send("activity", {"t": _now_ms(), "items": items})
-            _send_stats({"t": _now_ms(), "tick": False, "sessions": self.sample()})
+            _send("stats", {"t": _now_ms(), "tick": False, "sessions": self.sample()})
+        self._relay_outbox()
+
+    def _relay_outbox(self) -> None:
+        """Start relaying the items noted here, unless a relay publish is in flight (its end
+        starts the next one). Never raises, never awaits."""
+        if not self._outbox or self._loop is None or self._loop.is_closed():
+            return
+        if self._relay_task is not None and not self._relay_task.done():
+            return
+        items = list(self._outbox)
+        self._outbox.clear()
+        self._relay_task = self._loop.create_task(self._relay(items), name="qwenweb-operator-relay")
+
+    async def _relay(self, items: list[dict[str, Any]]) -> None:
+        try:
+            await runtime.relay_activity(items)
+        except Exception as exc:  # best effort, like pub/sub itself: never the loop's problem
+            logger.debug("operator_activity_not_relayed items=%d error=%r", len(items), exc)
+        self._relay_task = None
+        self._relay_outbox()
 
 
 def _titles_of(session_ids: set[str]) -> dict[str, str]:
@@ -312,31 +370,23 @@ def _titles_of(session_ids: set[str]) -> dict[str, str]:
 
 
 def _send(event_type: str, payload: dict[str, Any]) -> None:
-    """Publish on the operator channel: in-memory fan-out to its listeners, no storage.
+    """Publish on the operator channel to this process's listeners: in-memory fan-out, no
+    storage (the other processes get ``activity`` from :meth:`OperatorFeed.note`'s relay).
 
-    With ``EVENTSTREAM_REDIS`` django-eventstream relays it through Redis to the
-    listeners of every process.
+    Were django-eventstream's relay configured by hand (``EVENTSTREAM_REDIS``),
+    ``send_event`` would publish to every process instead: ``stats`` N times, ``activity``
+    twice with ours. Then the event is queued for the local listeners the way
+    ``send_event`` does without a relay. Never raises.
     """
     try:
-        send_event(OPERATOR_CHANNEL, event_type, orjson.dumps(payload).decode(), json_encode=False)
+        data = orjson.dumps(payload).decode()
+        if getattr(eventstream, "redis_client", None) is None:
+            send_event(OPERATOR_CHANNEL, event_type, data, json_encode=False)
+        else:
+            event = Event(OPERATOR_CHANNEL, event_type, data)
+            get_listener_manager().add_to_queues(OPERATOR_CHANNEL, event)
     except Exception:
         logger.exception("operator_feed_send_failed type=%s", event_type)
-
-
-def _send_stats(payload: dict[str, Any]) -> None:
-    """Publish a ``stats`` event to this process's listeners only (see the module docstring).
-
-    Without the relay this is :func:`_send`. With it, the event is queued for the local
-    listeners the way django-eventstream's ``send_event`` does without a relay.
-    """
-    if getattr(eventstream, "redis_client", None) is None:
-        _send("stats", payload)
-        return
-    try:
-        event = Event(OPERATOR_CHANNEL, "stats", orjson.dumps(payload).decode())
-        get_listener_manager().add_to_queues(OPERATOR_CHANNEL, event)
-    except Exception:
-        logger.exception("operator_feed_send_failed type=stats")
 
 
 feed = OperatorFeed()

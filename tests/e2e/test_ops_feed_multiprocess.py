@@ -1,19 +1,16 @@
-"""The operator feed across server processes (issue 6): django-eventstream through Redis.
+"""The operator feed across server processes (issue 6): the Redis backend's own relay.
 
-Two ``python -m qwenweb.serve`` processes share one SQLite file and the Redis at
-127.0.0.1:6379 (``QWENWEB_TEST_REDIS_URL`` picks another, as in
-``test_redis_scaleout.py``). ``QWENWEB_EVENTSTREAM_REDIS_URL`` sets ``EVENTSTREAM_REDIS``
-(``qwenweb/settings.py``): django-eventstream's ``send_event`` then publishes on Redis
-pub/sub instead of queueing locally, and every process hands what it receives to its own
-``/ops/events/`` listeners. So an operator event sent in one process — ``session_opened``,
-sent by the dashboard feed of the process that created the session — reaches the staff
-dashboards connected to either process. Checked with the Redis backend (a key prefix of
-its own, whose keys are deleted afterwards; never FLUSHDB) and with the memory backend.
-
-django-eventstream 5.3.4 relays on one fixed pub/sub channel, ``events_channel``, whatever
-the database number or key prefix: the feeds here may receive other deployments' operator
-events from the same Redis (so the assertions look for this test's session ids only), and
-they ours, while the servers run.
+Deployment 1 is two ``python -m qwenweb.serve`` processes, A and B, on one SQLite file and
+the Redis at 127.0.0.1:6379 (``QWENWEB_TEST_REDIS_URL`` picks another, as in
+``test_redis_scaleout.py``) under one key prefix, with ``QWENWEB_BACKEND=redis`` and no
+django-eventstream setting. An activity item noted in one process goes to that process's
+``/ops/events/`` clients and, over the backend's control channel ``<prefix>:control``, to
+the other's: ``session_opened`` is noted by A (which created the session),
+``session_closed`` by B (which closed it). Deployment 2 is one process, C, on the same
+Redis with another key prefix (and its own database): it must see none of deployment 1's
+activity — django-eventstream's relay (``EVENTSTREAM_REDIS``) published every
+deployment's on one shared channel, ``events_channel``. The prefixes are this test's own
+and their keys are deleted afterwards (never FLUSHDB).
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +37,10 @@ from tests.support.server import (
     ServerProcess,
     free_port,
     migrate,
+    request_json,
     serve_argv,
     server_env,
+    wait_for,
 )
 from tests.support.staff import StaffClient, create_staff_user
 
@@ -49,50 +48,77 @@ pytestmark = [pytest.mark.e2e]
 
 REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 WAIT_S = 15.0
-PROBE_WAIT_S = 0.5
-"""How long one probe may take to come back (the feed batches activity every 0.1 s)."""
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ops-feed") / "db.sqlite3"
+@dataclass
+class Deployments:
+    """A and B (deployment 1, prefix ``prefix``) and C (deployment 2, ``other_prefix``)."""
+
+    a: ServerProcess
+    b: ServerProcess
+    c: ServerProcess
+    prefix: str
+    other_prefix: str
+
+
+def staffed_database(directory: Path) -> Path:
+    path = directory / "db.sqlite3"
     migrate(path)
     create_staff_user(path)
     return path
 
 
-@pytest.fixture(params=["redis-backend", "memory-backend"])
-def two_servers(
-    request: pytest.FixtureRequest, database: Path, tmp_path: Path
-) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """Two ``serve`` processes with the relay on, over either backend; stopped at the end."""
-    prefix = f"qwtest-ops-{secrets.token_hex(4)}"
-    env = {"QWENWEB_EVENTSTREAM_REDIS_URL": REDIS_URL, "QWENWEB_BACKEND": "memory"}
-    if request.param == "redis-backend":
-        env.update(
-            QWENWEB_BACKEND="redis", QWENWEB_REDIS_URL=REDIS_URL, QWENWEB_REDIS_KEY_PREFIX=prefix
-        )
+@pytest.fixture
+def deployments(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Iterator[Deployments]:
+    """Start A and B on one prefix and database, C on others; stop them and delete the keys."""
+    prefix, other_prefix = (f"qwtest-opsfeed-{secrets.token_hex(4)}" for _ in range(2))
+    databases = [staffed_database(tmp_path_factory.mktemp(f"ops-feed-{n}")) for n in (1, 2)]
     servers: list[ServerProcess] = []
     try:
-        for name in ("a", "b"):
+        for name, database, key_prefix in (
+            ("a", databases[0], prefix),
+            ("b", databases[0], prefix),
+            ("c", databases[1], other_prefix),
+        ):
+            env = server_env(
+                database,
+                QWENWEB_BACKEND="redis",
+                QWENWEB_REDIS_URL=REDIS_URL,
+                QWENWEB_REDIS_KEY_PREFIX=key_prefix,
+            )
+            env.pop("QWENWEB_EVENTSTREAM_REDIS_URL", None)  # no django-eventstream setting
             port = free_port()
-            log = tmp_path / f"server-{name}.log"
-            servers.append(ServerProcess(serve_argv(port), port, server_env(database, **env), log))
+            servers.append(ServerProcess(serve_argv(port), port, env, tmp_path / f"{name}.log"))
             servers[-1].start()
-        yield servers[0], servers[1]
+        a, b, c = servers
+        yield Deployments(a, b, c, prefix, other_prefix)
     finally:
         for server in servers:
             server.stop()
-        _delete_keys(prefix)
+        _delete_keys(prefix, other_prefix)
 
 
-def _delete_keys(prefix: str) -> None:
-    """Delete this test's keys (the backend's, under its own prefix); nothing else."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=5)
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=5)
+
+
+def _delete_keys(*prefixes: str) -> None:
+    """Delete this test's keys (under its own prefixes); nothing else."""
+    client = _redis()
     try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
+        for prefix in prefixes:
+            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+    finally:
+        client.close()
+
+
+def control_listeners(prefix: str) -> int:
+    """How many processes listen on the deployment's control channel (``PUBSUB NUMSUB``)."""
+    client = _redis()
+    try:
+        return int(client.pubsub_numsub(f"{prefix}:control")[0][1])
     finally:
         client.close()
 
@@ -107,57 +133,57 @@ async def open_operator_feed(server: ServerProcess) -> RawSSEClient:
     return feed
 
 
-def opened_sessions(events: Sequence[ServerSentEvent]) -> set[str]:
-    """Ids of the ``session_opened`` activity items among ``events``."""
-    items: list[dict[str, Any]] = [
-        item for e in events if e.type == "activity" for item in json.loads(e.data)["items"]
+def activity(events: Sequence[ServerSentEvent]) -> list[tuple[str, str]]:
+    """``(kind, session)`` of every activity item among ``events``, in order."""
+    return [
+        (item["kind"], item["session"])
+        for e in events
+        if e.type == "activity"
+        for item in json.loads(e.data)["items"]
     ]
-    return {item["session"] for item in items if item["kind"] == "session_opened"}
 
 
-async def wait_until_relayed(origin: ServerProcess, feeds: Sequence[RawSSEClient]) -> None:
-    """Open probe sessions on ``origin`` until one's ``session_opened`` reached every feed.
-
-    A process's Redis listener subscribes a moment after its first feed opened, and
-    pub/sub keeps nothing for late subscribers: until then relayed events are lost, so a
-    probe is sent again until one arrives. Bounded by :data:`WAIT_S`.
-    """
-    probes: set[str] = set()
-
-    def arrived(events: Sequence[ServerSentEvent]) -> bool:
-        return bool(probes & opened_sessions(events))
-
-    deadline = time.monotonic() + WAIT_S
-    while not all(arrived(feed.events) for feed in feeds):
-        assert time.monotonic() < deadline, f"no probe reached every feed in {WAIT_S} s"
-        probes.add(RemoteSession.create(origin.base_url, title="probe").id)
-        for feed in feeds:
-            with contextlib.suppress(TimeoutError):  # not there yet: send another probe
-                await feed.read_until(arrived, PROBE_WAIT_S)
+async def read_until_seen(feed: RawSSEClient, wanted: set[tuple[str, str]]) -> None:
+    """Read ``feed`` until it has every item of ``wanted``; bounded by :data:`WAIT_S`."""
+    with contextlib.suppress(TimeoutError):  # the caller's assertion says what is missing
+        await feed.read_until(lambda events: wanted <= set(activity(events)), WAIT_S)
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(120)
-async def test_operator_event_sent_in_one_process_reaches_the_feeds_of_both(
-    two_servers: tuple[ServerProcess, ServerProcess],
+@pytest.mark.timeout(180)
+async def test_activity_reaches_every_process_of_the_deployment_and_no_other(
+    deployments: Deployments,
 ) -> None:
-    a, b = two_servers
-    feed_a, feed_b = await open_operator_feed(a), await open_operator_feed(b)
+    a, b, c = deployments.a, deployments.b, deployments.c
+    feeds = {"A": await open_operator_feed(a), "B": await open_operator_feed(b)}
+    feeds["C"] = await open_operator_feed(c)
     try:
-        await wait_until_relayed(a, [feed_a, feed_b])
-        on_a = RemoteSession.create(a.base_url, title="opened on A")
-        on_b = RemoteSession.create(b.base_url, title="opened on B")
-        expected = {on_a.id, on_b.id}
-        for feed, name in ((feed_a, "A"), (feed_b, "B")):
-            with contextlib.suppress(TimeoutError):  # bounded; the assertion says what is missing
-                await feed.read_until(lambda events: expected <= opened_sessions(events), WAIT_S)
-            missing = expected - opened_sessions(feed.events)
-            assert not missing, f"the feed on {name} never got session_opened for {missing}"
+        # A process starts listening on its control channel once its feed has ticked.
+        assert wait_for(lambda: control_listeners(deployments.prefix) == 2, WAIT_S)
+        assert wait_for(lambda: control_listeners(deployments.other_prefix) == 1, WAIT_S)
+        session = RemoteSession.create(a.base_url, title="opened on A")
+        status, body = request_json(
+            "POST", f"{b.base_url}/session/{session.id}/close", token=session.publish_token
+        )
+        assert (status, body["alreadyClosed"]) == (200, False)
+        expected = [("session_closed", session.id), ("session_opened", session.id)]
+        for name in ("A", "B"):
+            await read_until_seen(feeds[name], set(expected))
+            # Each exactly once (no echo, no second relay); in the order they reached this
+            # process, which across processes need not be the order they happened in.
+            got = sorted(item for item in activity(feeds[name].events) if item[1] == session.id)
+            assert got == expected, f"the feed on {name}: {got}"
+        # C's feed is live and has taken what was published in the meantime.
+        own = RemoteSession.create(c.base_url, title="deployment 2")
+        await read_until_seen(feeds["C"], {("session_opened", own.id)})
+        assert ("session_opened", own.id) in activity(feeds["C"].events)
+        assert [item for item in activity(feeds["C"].events) if item[1] == session.id] == []
     finally:
-        feed_a.close()
-        feed_b.close()
-    for server in (a, b):
+        for feed in feeds.values():
+            feed.close()
+    for server in (a, b, c):
         assert "operator_feed_send_failed" not in server.log()
+        assert "Traceback" not in server.log()
 
 
 def eventstream_redis(**env: str) -> Any:
@@ -181,36 +207,13 @@ def eventstream_redis(**env: str) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("env", "expected"),
+    "env",
     [
-        ({}, None),
-        ({"QWENWEB_BACKEND": "redis", "QWENWEB_REDIS_URL": "redis://127.0.0.1:6379/0"}, None),
-        (
-            {"QWENWEB_EVENTSTREAM_REDIS_URL": "redis://:s%40cret@redis.internal:6380/2"},
-            {"host": "redis.internal", "port": 6380, "db": 2, "password": "s@cret"},
-        ),
-        (
-            {"QWENWEB_EVENTSTREAM_REDIS_URL": "rediss://ops@redis.internal/1"},
-            {"host": "redis.internal", "db": 1, "username": "ops", "ssl": True},
-        ),
-        (
-            {"QWENWEB_EVENTSTREAM_REDIS_URL": "unix:///run/redis/redis.sock?db=3"},
-            {"unix_socket_path": "/run/redis/redis.sock", "db": 3},
-        ),
+        {"QWENWEB_BACKEND": "redis", "QWENWEB_REDIS_URL": "redis://127.0.0.1:6379/0"},
+        {"QWENWEB_EVENTSTREAM_REDIS_URL": "redis://127.0.0.1:6379/0"},  # the retired opt-in
     ],
-    ids=["unset", "backend-alone", "redis", "rediss", "unix"],
+    ids=["redis-backend", "retired-opt-in"],
 )
-def test_eventstream_redis_is_set_only_from_its_url(
-    env: dict[str, str], expected: dict[str, Any] | None
-) -> None:
-    got = eventstream_redis(**env)
-    if expected is None:
-        assert got is None
-    else:
-        assert {k: got.get(k) for k in expected} == expected
-        # A publish on the server's loop fails fast while Redis is down (no retries).
-        assert (got["retry"], got["socket_connect_timeout"], got["socket_timeout"]) == (
-            None,
-            1.0,
-            1.0,
-        )
+def test_django_eventstream_relay_is_never_configured(env: dict[str, str]) -> None:
+    # With it, every activity item would arrive twice (ours and its relay).
+    assert eventstream_redis(**env) is None

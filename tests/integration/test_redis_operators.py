@@ -10,11 +10,12 @@ loop in this process: the numbers then come from the short-lived synchronous cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -30,7 +31,7 @@ from django_eventstream.views import Listener, get_listener_manager
 from sessions import dashboard, runtime
 from sessions.conf import get_config
 from sessions.models import AgentSession
-from sessions.redis_store import RedisStore
+from sessions.redis_store import BackendUnavailableError, RedisStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,11 +229,153 @@ async def test_feed_rows_sum_this_process_and_the_others_reports(prefix, closes_
     )
 
 
+@contextlib.contextmanager
+def local_dashboard() -> Iterator[Listener]:
+    """A listener of the operator channel in this process, as an open dashboard has."""
+    listener = Listener()
+    listener.channels = {dashboard.OPERATOR_CHANNEL}
+    listener.assign_loop()
+    get_listener_manager().add_listener(listener)
+    try:
+        yield listener
+    finally:
+        get_listener_manager().remove_listener(listener)
+
+
+def shown(listener: Listener) -> list[dict[str, Any]]:
+    """The activity items ``listener`` received, in order."""
+    events = listener.channel_items.get(dashboard.OPERATOR_CHANNEL, [])
+    return [item for e in events if e.type == "activity" for item in orjson.loads(e.data)["items"]]
+
+
+async def until(listener: Listener, predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until ``predicate()`` holds, checking each time ``listener`` is woken."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            listener.aevent.clear()
+            await listener.aevent.wait()
+
+
+async def next_activity(heard: asyncio.Queue[Any], timeout_s: float = 5.0) -> Any:
+    """The next ``activity`` control message a peer process heard (bounded)."""
+    async with asyncio.timeout(timeout_s):
+        while (message := await heard.get()).get("op") != "activity":
+            pass
+    return message
+
+
+@pytest_asyncio.fixture
+async def peer(prefix: str) -> AsyncIterator[tuple[RedisStore, asyncio.Queue[Any]]]:
+    """Another process of the deployment: its store, listening, and what it hears."""
+    heard: asyncio.Queue[Any] = asyncio.Queue()
+    store = RedisStore(REDIS_URL, prefix)
+    store.start(*_ignore_all(), heard.put_nowait, dict)
+    await store.send_control({"op": "noop"})  # returns once Redis has subscribed it
+    yield store, heard
+    await store.aclose()
+
+
 @pytest.mark.asyncio
-async def test_feed_stats_go_to_local_dashboards_only_when_the_channel_is_relayed(
+async def test_activity_noted_here_is_shown_here_and_relayed_to_the_other_processes(
+    peer, closes_backend
+):
+    _, heard = peer
+    dashboard.feed.start(asyncio.get_running_loop())
+    with local_dashboard() as listener:
+        dashboard.feed.note("session_opened", "s1", title="here")
+        message = await next_activity(heard)
+        await until(listener, lambda: bool(shown(listener)))
+    item = {
+        "kind": "session_opened",
+        "session": "s1",
+        "t": message["items"][0]["t"],
+        "title": "here",
+    }
+    assert message == {"op": "activity", "items": [item], "from": runtime.redis_store().process_uid}
+    assert shown(listener) == [item]
+
+
+@pytest.mark.asyncio
+async def test_activity_relayed_from_another_process_is_shown_here_and_not_sent_on(
+    peer, closes_backend
+):
+    store, heard = peer
+    dashboard.feed.start(asyncio.get_running_loop())
+    await runtime.redis_store().send_control({"op": "noop"})  # this process listens too
+    remote = {"kind": "session_closed", "session": "s2", "t": 1, "lastEventId": 7}
+    with local_dashboard() as listener:
+        await store.send_control({"op": "activity", "items": [remote]})
+        await until(listener, lambda: remote in shown(listener))
+        assert remote in dashboard.feed.snapshot()["activity"]
+        # One relay publish at a time, in order: had the remote item been sent on, it would
+        # come before (or with) the next item noted here.
+        dashboard.feed.note("session_opened", "s3")
+        message = await next_activity(heard)
+    assert [(i["kind"], i["session"]) for i in message["items"]] == [("session_opened", "s3")]
+    assert [i["session"] for i in shown(listener)] == ["s2", "s3"]
+
+
+@pytest.fixture
+def refused_redis_url(monkeypatch: pytest.MonkeyPatch, prefix: str) -> str:
+    """Point the backend at a port nothing listens on: Redis down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    monkeypatch.setenv("QWENWEB_REDIS_URL", url)
+    get_config.cache_clear()
+    return url
+
+
+@pytest.mark.asyncio
+async def test_activity_is_shown_here_and_the_relay_keeps_trying_while_redis_is_down(
+    refused_redis_url, monkeypatch, closes_backend
+):
+    outcomes: asyncio.Queue[BaseException | None] = asyncio.Queue()
+    relay = runtime.relay_activity
+
+    async def recorded(items: Any) -> None:
+        try:
+            await relay(items)
+        except Exception as exc:
+            outcomes.put_nowait(exc)
+            raise
+        outcomes.put_nowait(None)
+
+    monkeypatch.setattr(runtime, "relay_activity", recorded)
+    dashboard.feed.start(asyncio.get_running_loop())
+    with local_dashboard() as listener:
+        for count in (1, 2):  # a failed relay neither raises nor stops the next one
+            dashboard.feed.note("session_opened", f"s{count}")
+            await until(listener, lambda: len(shown(listener)) == count)  # noqa: B023
+            async with asyncio.timeout(10):
+                assert isinstance(await outcomes.get(), BackendUnavailableError)
+
+
+@pytest.mark.asyncio
+async def test_memory_backend_relays_no_activity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_BACKEND", "memory")
+    get_config.cache_clear()
+    relayed: list[Any] = []
+
+    async def relay(items: Any) -> None:
+        relayed.append(items)
+
+    monkeypatch.setattr(runtime, "relay_activity", relay)
+    dashboard.feed.start(asyncio.get_running_loop())
+    with local_dashboard() as listener:
+        dashboard.feed.note("session_opened", "s1")
+        await until(listener, lambda: bool(shown(listener)))  # the relay would start here
+    await asyncio.sleep(0)  # and run its first step here
+    assert relayed == []
+    assert runtime._store is None
+
+
+@pytest.mark.asyncio
+async def test_feed_events_go_to_local_dashboards_only_even_with_eventstream_relay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Relayed, every process's cluster-wide stats would reach every dashboard N times.
+    # django-eventstream's relay (EVENTSTREAM_REDIS, not configured) would send every
+    # process's cluster-wide stats to every dashboard N times, and activity twice with ours.
     relayed: list[Any] = []
 
     class Relay:
@@ -240,13 +383,9 @@ async def test_feed_stats_go_to_local_dashboards_only_when_the_channel_is_relaye
             relayed.append(orjson.loads(message)["event_type"])
 
     monkeypatch.setattr(eventstream, "redis_client", Relay())
-    listener = Listener()
-    listener.channels = {dashboard.OPERATOR_CHANNEL}
-    listener.assign_loop()
-    get_listener_manager().add_listener(listener)
-    try:
+    with local_dashboard() as listener:
         dashboard.feed.tick()
-    finally:
-        get_listener_manager().remove_listener(listener)
-    assert [e.type for e in listener.channel_items[dashboard.OPERATOR_CHANNEL]] == ["stats"]
+        dashboard._send("activity", {"t": 1, "items": []})
+    events = listener.channel_items[dashboard.OPERATOR_CHANNEL]
+    assert [e.type for e in events] == ["stats", "activity"]
     assert relayed == []
