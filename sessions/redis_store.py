@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +68,7 @@ _READ_BLOCK_MS: Final = 5000
 _READ_COUNT: Final = 1000
 _BACKOFF_START_S: Final = 0.1
 _BACKOFF_MAX_S: Final = 5.0
+_CLOSE_RECANCEL_S: Final = 0.1
 
 #: The errors that mean "Redis is not there right now" (not a bug in our commands).
 _UNAVAILABLE: Final = (
@@ -80,6 +82,29 @@ _UNAVAILABLE: Final = (
     OSError,
 )
 
+#: Error replies that mean "Redis cannot serve writes right now" (a script running too long,
+#: a failed background save, no replicas), not a bug in our commands: a 503, not a 500.
+_TRANSIENT_REPLIES: Final = ("BUSY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
+_TRANSIENT_REPLY_RE: Final = re.compile(
+    r"(?:^|[:(']\s*)(?:" + "|".join(_TRANSIENT_REPLIES) + r")\b"
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis is out of reach or cannot serve now (never raises).
+
+    Error replies count when they carry one of ``_TRANSIENT_REPLIES``, also as the cause
+    of a discarded transaction or a failed pipeline command (redis-py wraps those).
+    """
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and bool(
+        _TRANSIENT_REPLY_RE.search(str(exc))
+    )
+
+
 # KEYS: meta, stream. ARGV: envelope JSON without id, ring size, "1" to close after it,
 # the highest id the caller knows was issued, the keys' time to live after a close (ms).
 # -> {"ok", epoch, id} | {"closed", epoch} | {"noepoch"} | {"stale", epoch}
@@ -88,31 +113,35 @@ local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then return {'noepoch'} end
 if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-if last < tonumber(ARGV[4]) then return {'stale', epoch} end
+if not last or last < tonumber(ARGV[4]) then return {'stale', epoch} end
 local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
 redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'closed', id)
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
 return {'ok', epoch, id}
 """
 
-# KEYS: meta, stream. ARGV: the stale epoch, a new epoch, base id.
-# Replaces the session's data if it still has the stale epoch (or none).
+# KEYS: meta, stream. ARGV: the stale epoch, a new epoch, base id, the highest id the
+# caller knows was issued. Replaces the session's data only if it still has the stale epoch
+# (or none) and its last id is still below that (checked here, atomically: an id issued
+# since the caller looked is not Redis going back in time).
 # -> {epoch, replaced (0/1)}
 _RESTART_LUA: Final = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and epoch ~= ARGV[1] then return {epoch, 0} end
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if epoch and last and last >= tonumber(ARGV[4]) then return {epoch, 0} end
 redis.call('DEL', KEYS[1], KEYS[2])
 local base = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'last', base, 'first', base + 1)
 return {ARGV[2], 1}
 """
 
-#: How long a closed session's keys stay in Redis (ms): long enough for every process's
-#: reader to deliver ``session_closed``; the database answers for it afterwards.
+#: How long a closed session's stream stays in Redis (ms): long enough for every process's
+#: reader to deliver ``session_closed``. Its small meta hash stays (a tombstone), so the
+#: session can never be reopened by a publish even if writing the row failed.
 CLOSED_KEYS_TTL_MS: Final = 3_600_000
 
 # KEYS: meta, stream. ARGV: new epoch, base id (ids continue at base + 1).
@@ -202,7 +231,14 @@ class RedisStore:
         self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
         self._wake_seen = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
+        # Set by aclose: the loops end even where redis-py swallowed the cancellation.
+        self._closing = False
         self.available = True
+        # Set while the reader is connected; a successful command elsewhere pokes a reader
+        # that is backing off after an outage, so it need not wait out its backoff.
+        self._recovered = asyncio.Event()
+        self._recovered.set()
+        self._poke = asyncio.Event()
         # Set while Redis has confirmed the control listener's subscription: from then on
         # PUBLISH counts this process among the receivers of its own control messages.
         self._subscribed = asyncio.Event()
@@ -233,7 +269,7 @@ class RedisStore:
         return _text(epoch), bool(created)
 
     async def restart_epoch(
-        self, session_id: str, stale_epoch: str | None, base_id: int
+        self, session_id: str, stale_epoch: str | None, base_id: int, known_last_id: int
     ) -> tuple[str, bool]:
         """Replace data Redis went back in time on (a restore from an older snapshot) with a
         new, empty epoch whose ids continue at ``base_id + 1``; ``(epoch, replaced)``.
@@ -245,9 +281,27 @@ class RedisStore:
         new_epoch = secrets.token_urlsafe(12)
         with _unavailable_as_error():
             epoch, replaced = await self._restart_script(
-                keys=keys, args=[stale_epoch or "", new_epoch, base_id]
+                keys=keys, args=[stale_epoch or "", new_epoch, base_id, known_last_id]
             )
         return _text(epoch), bool(replaced)
+
+    async def wait_available(self, timeout_s: float) -> None:
+        """Return once the reader is connected; after an outage, check Redis answers (PING
+        on the pool), wake the reader and wait for it at most ``timeout_s``.
+
+        Raises :class:`BackendUnavailableError` if Redis does not answer or the reader is
+        not back in time.
+        """
+        if self.available:
+            return
+        with _unavailable_as_error():
+            await self.client.ping()
+        self._poke.set()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._recovered.wait()
+        except TimeoutError:
+            raise BackendUnavailableError("this process's Redis reader is reconnecting") from None
 
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
@@ -340,6 +394,7 @@ class RedisStore:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.set(key, orjson.dumps({**report, "process": self.process_uid}), px=ttl_ms)
                 pipe.zadd(f"{self.prefix}:procs", {self.process_uid: now})
+                pipe.pexpire(self._wake_key, 10 * ttl_ms)  # a killed process leaves none
                 pipe.zremrangebyscore(f"{self.prefix}:procs", "-inf", now - 10 * self.process_ttl_s)
                 await pipe.execute()
 
@@ -411,18 +466,24 @@ class RedisStore:
             single_connection_client=True,
         )
         try:
-            while True:
+            while not self._closing:
                 try:
                     await self._read_once(reader, on_entries)
                     if not self.available:
                         await self._drop_idle_connections()
                         self.available = True
+                        self._recovered.set()
                         logger.warning("backend_recovered url=%s", _safe_url(self.url))
                         on_recovery()
                     backoff = _BACKOFF_START_S
-                except _UNAVAILABLE as exc:
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the reader must never die: treat it as an outage
+                    if not is_unavailable(exc):
+                        logger.exception("reader_failed url=%s", _safe_url(self.url))
                     if self.available:
                         self.available = False
+                        self._recovered.clear()
                         logger.error(
                             "backend_unavailable url=%s error=%s",
                             _safe_url(self.url),
@@ -432,7 +493,10 @@ class RedisStore:
                         await self._drop_idle_connections()
                     with contextlib.suppress(Exception):
                         await reader.connection.disconnect()  # type: ignore[union-attr]
-                    await asyncio.sleep(backoff)
+                    self._poke.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(backoff):  # or until poked
+                            await self._poke.wait()
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
         finally:
             with contextlib.suppress(Exception):
@@ -474,12 +538,12 @@ class RedisStore:
 
     async def _listen_forever(self, on_control: ControlHandler) -> None:
         backoff = _BACKOFF_START_S
-        while True:
+        while not self._closing:
             pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.control_channel)
                 backoff = _BACKOFF_START_S
-                while True:
+                while not self._closing:
                     message = await pubsub.get_message(timeout=_READ_BLOCK_MS / 1000)
                     if message is None:
                         continue
@@ -495,7 +559,11 @@ class RedisStore:
                         continue
                     if isinstance(decoded, dict) and decoded.get("from") != self.process_uid:
                         on_control(decoded)
-            except _UNAVAILABLE:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never dies: reconnect after a pause
+                if not is_unavailable(exc):
+                    logger.exception("control_listener_failed")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
             finally:
@@ -505,17 +573,26 @@ class RedisStore:
 
     async def _report_forever(self, make_report: Callable[[], Mapping[str, Any]]) -> None:
         interval = max(0.05, self.process_ttl_s / 4)
-        while True:
-            with contextlib.suppress(BackendUnavailableError):
+        while not self._closing:
+            try:
                 await self.report(make_report())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never dies; a down Redis is the reader's to log
+                if not isinstance(exc, BackendUnavailableError) and not is_unavailable(exc):
+                    logger.exception("report_failed")
             await asyncio.sleep(interval)
 
     async def aclose(self) -> None:
         """Stop the tasks, forget this process's report and close the connections."""
+        self._closing = True
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending = set(tasks)
+        while pending:  # redis-py can swallow a cancellation (a read it had just finished)
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=_CLOSE_RECANCEL_S)
+        await asyncio.gather(*tasks, return_exceptions=True)  # (all done: retrieves errors)
         with contextlib.suppress(Exception):
             await self.client.delete(f"{self.prefix}:proc:{self.process_uid}", self._wake_key)
             await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
@@ -559,7 +636,11 @@ def _report_keys(prefix: str, uids: Any) -> list[str]:
 def _unavailable_as_error() -> Any:
     try:
         yield
-    except _UNAVAILABLE as exc:
+    except redis_errors.RedisError as exc:
+        if not is_unavailable(exc):
+            raise
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+    except OSError as exc:
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
 
 

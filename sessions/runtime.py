@@ -77,6 +77,7 @@ __all__ = [
     "attach_server_loop",
     "call_on_server_loop",
     "call_soon_on_server_loop",
+    "caught_up",
     "close_backend",
     "close_session",
     "cluster_stats",
@@ -133,6 +134,8 @@ class LiveSession:
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
     # Redis backend: set (and replaced) each time the mirror takes new events.
     _advanced: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # No new reservation attempt before this time (monotonic s) after a failed one.
+    _renew_not_before: float = field(default=0.0, repr=False)
     # Redis backend: since when the mirror has had no subscriber (monotonic s), or None.
     _idle_since: float | None = field(default=None, repr=False)
 
@@ -146,6 +149,14 @@ class Published:
 
 
 registry: Registry[LiveSession] = Registry()
+#: How long a new stream waits for this process's reader to reconnect after an outage.
+READER_RECOVERY_WAIT_S = 2.0
+#: After a failed reservation renewal, the next attempt waits this long (seconds).
+RENEWAL_RETRY_S = 5.0
+#: The Redis stream keeps at least this many entries whatever the ring size: it is also
+#: the transport between processes, and a reader a little behind a tiny ring must not see
+#: a gap (the local ring still keeps ``ring_size``).
+STREAM_MIN_ENTRIES = 1000
 _background: set[asyncio.Task[Any]] = set()
 _T = TypeVar("_T")
 
@@ -249,12 +260,13 @@ async def _publish_redis(live: LiveSession, body: bytes, *, close: bool) -> tupl
     """Append ``body`` to the session's stream; ``(None, epoch)`` if the session is closed."""
     store = redis_store()
     for _ in range(3):
+        known_last_id = _known_last_id(live)
         outcome = await store.publish(
             live.session_id,
             body,
-            live.ring_size,
+            max(live.ring_size, STREAM_MIN_ENTRIES),
             close=close,
-            known_last_id=_known_last_id(live),
+            known_last_id=known_last_id,
         )
         if outcome.status == "ok":
             assert outcome.event_id is not None
@@ -264,7 +276,7 @@ async def _publish_redis(live: LiveSession, body: bytes, *, close: bool) -> tupl
         if outcome.status == "closed":
             return None, outcome.epoch or ""
         if outcome.status == "stale":  # Redis went back in time: never reissue an id
-            await _restart_epoch(live, outcome.epoch, "stale_data")
+            await _restart_epoch(live, outcome.epoch, "stale_data", known_last_id)
         # Redis lost (or we replaced) the session's data. Reload: a new epoch above the mark.
         _drop_mirror(live, "epoch_reset")
         live = await get_live_session(live.session_id)
@@ -285,7 +297,11 @@ def publish_nowait(live: LiveSession, event: Mapping[str, Any]) -> Frame | None:
 
 def _keep_reservation_ahead(live: LiveSession, event_id: int) -> None:
     block = get_config().id_reservation_block
-    if event_id > live.reserved_until - block // 2 and live._renewal is None:
+    if (
+        event_id > live.reserved_until - block // 2
+        and live._renewal is None
+        and time.monotonic() >= live._renew_not_before
+    ):
         live._renewal = _spawn(_renew_reservation(live, event_id, block))
     if event_id > live.reserved_until and not using_redis():
         # (Under Redis another process may have renewed the row's reservation already;
@@ -303,8 +319,16 @@ async def _renew_reservation(live: LiveSession, event_id: int, block: int) -> No
         target = max(event_id, live.bus.last_event_id) + block
         await database_sync_to_async(_save_progress)(live, target)
         live.reserved_until = max(live.reserved_until, target)
-    except Exception:
-        logger.exception("id_reservation_failed session=%s", live.session_id)
+    except Exception as exc:
+        # One line per failed attempt, at most one attempt per RENEWAL_RETRY_S: a database
+        # that is down must not turn every publish into a traceback.
+        live._renew_not_before = time.monotonic() + RENEWAL_RETRY_S
+        logger.error(
+            "id_reservation_failed session=%s error=%s retry_in_s=%g",
+            live.session_id,
+            f"{type(exc).__name__}: {exc}",
+            RENEWAL_RETRY_S,
+        )
     finally:
         live._renewal = None
 
@@ -714,17 +738,33 @@ def _known_last_id(live: LiveSession) -> int:
     return max(_known_last.get(live.session_id, 0), live.bus.last_event_id)
 
 
-async def _restart_epoch(live: LiveSession, stale_epoch: str | None, reason: str) -> None:
+def _row_reserved(session_id: str) -> int:
+    """The row's current ``event_id_reserved`` (sync, DB); 0 if the row is gone."""
+    found = (
+        AgentSession.objects.filter(pk=session_id)
+        .values_list("event_id_reserved", flat=True)
+        .first()
+    )
+    return int(found or 0)
+
+
+async def _restart_epoch(
+    live: LiveSession, stale_epoch: str | None, reason: str, known_last_id: int
+) -> None:
     """Replace the session's data in Redis with a new epoch above every id ever issued.
 
     For data Redis went back in time on (restored from a snapshot older than what it gave
     out): in that epoch ids would be issued twice. The new epoch starts above the row's
-    reserved mark and every id this process knows of, so every old cursor resyncs (EB-7).
+    reserved mark (read now: another process may have moved it) and every id this process
+    knows of, so every old cursor resyncs (EB-7). ``known_last_id`` is what the caller
+    knew *before* it read Redis: Redis refuses the restart (atomically) if its last id has
+    reached it since, i.e. if the data was not stale after all.
     """
     store = redis_store()
     block = get_config().id_reservation_block
-    base = max(live.reserved_until, _known_last_id(live))
-    epoch, replaced = await store.restart_epoch(live.session_id, stale_epoch, base)
+    row_reserved = await database_sync_to_async(_row_reserved)(live.session_id)
+    base = max(row_reserved, live.reserved_until, known_last_id, _known_last_id(live))
+    epoch, replaced = await store.restart_epoch(live.session_id, stale_epoch, base, known_last_id)
     if replaced:
         live.reserved_until = await database_sync_to_async(_reserve_after_new_epoch)(
             live.session_id, base, block
@@ -775,11 +815,12 @@ async def _load_redis(session_id: str) -> LiveSession:
 async def _build_mirror(live: LiveSession, store: RedisStore) -> None:
     """Fill a new bus from the shared ring (one MULTI read) and start reading after it."""
     config = get_config()
+    known_last_id = _known_last_id(live)  # before the read, as in _ready_mirror
     window = await store.window(live.session_id)
     if window.head.closed:
         raise SessionClosedError(live.session_id, live.owner_id)
-    if window.head.epoch is not None and window.head.last_event_id < _known_last_id(live):
-        await _restart_epoch(live, window.head.epoch, "stale_data")
+    if window.head.epoch is not None and window.head.last_event_id < known_last_id:
+        await _restart_epoch(live, window.head.epoch, "stale_data", known_last_id)
         window = await store.window(live.session_id)
     if window.head.epoch is None:  # lost between ensure and read: let the caller retry
         raise BackendUnavailableError("Redis lost the session's data while loading it")
@@ -836,9 +877,10 @@ def _drop_mirror(live: LiveSession, reason: str) -> None:
     """Forget a mirror that no longer matches Redis; its subscribers reconnect (new load)."""
     if registry.get(live.session_id) is live:
         registry.pop(live.session_id)
-    if _store is not None:
-        _store.unwatch(live.session_id)
+        if _store is not None:  # (a newer mirror of the session keeps its reading)
+            _store.unwatch(live.session_id)
     count = live.bus.disconnect_all(reason)
+    live._advanced.set()  # a subscriber waiting for this mirror to catch up retries now
     logger.warning(
         "mirror_dropped session=%s reason=%s subscribers=%d", live.session_id, reason, count
     )
@@ -873,14 +915,38 @@ async def subscribe(
     return live, subscription
 
 
+async def caught_up(live: LiveSession) -> LiveSession:
+    """Return the session holding every event issued before the call (read your writes).
+
+    Memory backend: ``live`` (its bus assigns the ids). Redis backend: waits, at most
+    ``CATCH_UP_TIMEOUT_S``, until this process's mirror has the last id Redis had issued
+    (a mirror of an epoch Redis no longer has is rebuilt), so a snapshot taken after a
+    publish returned, on any process, includes that event (section 5, load session).
+
+    Raises:
+        SessionClosedError: Redis says the session is closed.
+        BackendUnavailableError: Redis unreachable, or the mirror did not catch up in time.
+    """
+    if not using_redis():
+        return live
+    head = await redis_store().head(live.session_id)
+    return await _ready_mirror(live, head.last_event_id)
+
+
 async def _ready_mirror(live: LiveSession, cursor: int | None) -> LiveSession:
     store = redis_store()
+    # After an outage nothing live would arrive until the reader is back: wake it, wait.
+    await store.wait_available(READER_RECOVERY_WAIT_S)
     for _ in range(3):
+        # Taken before the read: an id issued (or mirrored) while it is in flight is not
+        # Redis going back in time.
+        known_last_id = _known_last_id(live)
         head = await store.head(live.session_id)
         if head.closed:
             raise SessionClosedError(live.session_id, live.owner_id)
-        if head.epoch is not None and head.last_event_id < _known_last_id(live):
-            await _restart_epoch(live, head.epoch, "stale_data")  # Redis went back in time
+        if head.epoch is not None and head.last_event_id < known_last_id:
+            # Redis went back in time
+            await _restart_epoch(live, head.epoch, "stale_data", known_last_id)
             head = await store.head(live.session_id)
         if head.epoch != live.bus.epoch or registry.get(live.session_id) is not live:
             if registry.get(live.session_id) is live:
@@ -930,6 +996,7 @@ def _on_entries(session_id: str, entries: list[tuple[int, bytes]]) -> None:
         _note_issued(session_id, event_id)
         if frame.type == "session_closed":
             bus.close()
+            _known_last.pop(session_id, None)  # closed for good: the row answers from now
             if _store is not None:
                 _store.unwatch(session_id)
             break
@@ -1008,6 +1075,7 @@ def _unload_idle_mirrors(now: float) -> int:
             registry.pop(live.session_id)
             if _store is not None:
                 _store.unwatch(live.session_id)
+            live._advanced.set()
             # Its counters leave this process's report: keep them on the row.
             _spawn(database_sync_to_async(_save_progress)(live))
             unloaded += 1

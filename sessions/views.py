@@ -446,12 +446,13 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET /session/<id>``: the snapshot a client rebuilds from after a resync (section 5).
 
     Needs ``read`` access. 404 unknown; a closed session answers the same shape with
-    ``"status": "closed"``, no epoch and no events.
+    ``"status": "closed"``, no epoch and no events. The snapshot holds every event
+    published before the request, on any process (``runtime.caught_up``).
     """
     session_id = _session_id_or_404(session_id)
     principal = await _authenticate(request)
     try:
-        live = await _open_session(principal, session_id, "read")
+        live = await runtime.caught_up(await _open_session(principal, session_id, "read"))
     except runtime.SessionClosedError:
         row = await _row_or_404(session_id)
         return JsonResponse(
@@ -493,7 +494,12 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
         live = await _open_session(principal, session_id, "publish")
     except runtime.SessionClosedError:
         raise ApiError(409, "session_closed", "the session is closed") from None
-    published = await runtime.publish(live, event)
+    try:
+        published = await runtime.publish(live, event)
+    except runtime.SessionClosedError:  # closed on another process meanwhile
+        raise ApiError(409, "session_closed", "the session is closed") from None
+    except runtime.SessionNotFoundError:  # deleted meanwhile
+        raise ApiError(404, "not_found", "unknown session") from None
     if published is None:
         raise ApiError(409, "session_closed", "the session is closed")
     return JsonResponse({"id": published.id, "epoch": published.epoch})

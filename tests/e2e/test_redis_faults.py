@@ -23,11 +23,13 @@ The machine's shared Redis (127.0.0.1:6379) is never touched. Every wait is boun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
 import sqlite3
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -238,7 +240,9 @@ def _publish_once_back(server: ServerProcess, session: RemoteSession) -> tuple[i
         if status == 200:
             return int(body["id"]), str(body["epoch"])
         assert (status, body["code"]) == (503, "backend_unavailable"), body
-        assert time.monotonic() < deadline, "publish still answers 503 after Redis returned"
+        assert time.monotonic() < deadline, (
+            f"publish still answers 503 after Redis returned: {body} {server.log()[-3000:]}"
+        )
         time.sleep(0.1)
 
 
@@ -631,3 +635,85 @@ async def test_redis_restored_from_an_older_snapshot_never_reissues_ids(
     assert resync["type"] == "state_resync_required"
     assert resync["data"]["reason"] == "epoch_reset"
     assert [i for i in event_ids(resumed.events) if i <= 6] == []
+
+
+async def test_busy_redis_answers_503_and_the_reader_survives(
+    volatile_cluster: Cluster, streams: Streams
+) -> None:
+    """A script running too long makes Redis answer ``BUSY`` to everything: publish answers
+    503 (not a 500), and the reader task of each process survives it, so once the script is
+    killed a live stream gets the next event (issue 6, failure behaviour)."""
+    cluster = volatile_cluster
+    session = RemoteSession.create(cluster.a.base_url)
+    _publish_ok(cluster.a, session)
+    admin = cluster.redis.client()
+    admin.config_set("busy-reply-threshold", "100")  # BUSY after 100 ms of a script
+    blocker = cluster.redis.client()
+
+    def run_forever() -> None:
+        with contextlib.suppress(redis.RedisError):
+            blocker.eval("while true do end", 0)
+
+    thread = threading.Thread(target=run_forever, daemon=True)
+    thread.start()
+    try:
+        assert wait_for(partial(_answers_busy, cluster.redis), 10, 0.05)
+        status, body, headers = _publish(cluster.b, session)
+        assert (status, body["code"]) == (503, "backend_unavailable"), body
+        assert "retry-after" in headers
+        # Keep it busy until each reader's blocked XREAD has timed out and met BUSY.
+        assert wait_for(
+            lambda: all(_outage_lines(s)[0] >= 1 for s in cluster.servers), RECOVERY_S, 0.1
+        ), cluster.a.log()[-2000:]
+    finally:
+        killer = cluster.redis.client()
+        deadline = time.monotonic() + 10
+        # (The blocker's own client may time out while the script still runs: kill the
+        # script until Redis answers again, not until that thread ends.)
+        while _answers_busy(cluster.redis) and time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                killer.script_kill()
+            time.sleep(0.1)
+        thread.join(10)
+        killer.close()
+        blocker.close()
+        admin.close()
+    assert not thread.is_alive()
+    new_id, _ = _publish_once_back(cluster.b, session)
+    reader = await _live_once_back(streams, cluster.a, session)
+    new_id, _ = _publish_once_back(cluster.b, session)
+    await reader.read_until(_saw_id(new_id), timeout_s=RECOVERY_S)
+    assert event_ids(reader.events) == [new_id]
+
+
+async def _live_once_back(
+    streams: Streams, server: ServerProcess, session: RemoteSession
+) -> RawSSEClient:
+    """Open a live stream, retrying 503s (bounded) while the server's reader reconnects."""
+    deadline = time.monotonic() + RECOVERY_S
+    while True:
+        client = RawSSEClient(
+            server.port,
+            session.events_path,
+            [("Accept", "text/event-stream"), ("Authorization", f"Bearer {session.read_token}")],
+        )
+        streams.opened.append(client)
+        await client.connect(timeout_s=RECOVERY_S)
+        if client.status == 200:
+            return client
+        assert client.status == 503, bytes(client.body)
+        assert time.monotonic() < deadline, "new streams still answer 503 after Redis returned"
+        await asyncio.sleep(0.2)
+
+
+def _answers_busy(private: PrivateRedis) -> bool:
+    client = private.client()
+    try:
+        client.ping()
+        return False
+    except redis.exceptions.BusyLoadingError:
+        return True
+    except redis.RedisError as exc:
+        return str(exc).startswith("BUSY")
+    finally:
+        client.close()
