@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-postgres test-python test-js test-browser screenshots lint check clean
+.PHONY: setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/qwenweb
 test-postgres: $(STAMP)
 	$(PY) -m tests.support.postgres $(POSTGRES_URL)
 	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest tests/integration
+
+# The whole single-process suite again with the Redis backend (issue 6), on the Redis at
+# QWENWEB_REDIS_URL (default redis://127.0.0.1:6379/0), under a key prefix of this run's
+# (qwtest-<random>); its keys are deleted afterwards, pass or fail. Never FLUSHDB.
+test-redis: $(STAMP)
+	$(PY) -m tests.support.backend check
+	prefix=qwtest-$$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n'); \
+	QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
+		tests/unit tests/integration tests/e2e tests/browser -p no:cacheprovider; \
+	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
 test-browser: $(STAMP)

@@ -8,6 +8,7 @@ on its event loop at teardown; the run's keys are deleted when it ends
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -61,20 +62,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return
     for item in items:
         if pytest_asyncio.is_async_test(item):
-            item.fixturenames.insert(0, "_close_redis_store")  # type: ignore[attr-defined]
+            item.fixturenames.insert(0, "_close_redis_store")
+
+
+CLOSE_STORE_WAIT_S = 10.0
 
 
 @pytest_asyncio.fixture
 async def _close_redis_store() -> AsyncIterator[None]:
     yield
-    await runtime.close_backend()
+    closing = asyncio.ensure_future(runtime.close_backend())
+    done, _ = await asyncio.wait({closing}, timeout=CLOSE_STORE_WAIT_S)
+    if not done:
+        pending = "\n".join(repr(task.get_stack()) for task in asyncio.all_tasks())
+        closing.cancel()
+        pytest.fail(f"closing the Redis store took over {CLOSE_STORE_WAIT_S} s; tasks:\n{pending}")
 
 
 @pytest.fixture(autouse=True)
 def _redis_key_prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Give the test a Redis key prefix of its own."""
     if backend.USING_REDIS:
-        monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", backend.per_test_prefix(backend.run_prefix()))
+        monkeypatch.setenv(
+            "QWENWEB_REDIS_KEY_PREFIX", backend.per_test_prefix(backend.run_prefix())
+        )
     get_config.cache_clear()
     yield
     get_config.cache_clear()

@@ -22,6 +22,7 @@ from tests.browser.conftest import (
     number_in,
     screenshot,
 )
+from tests.support.backend import USING_REDIS, memory_only
 from tests.support.server import ServerProcess, request_json, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -136,6 +137,10 @@ def test_drop_then_30_events_resume_with_last_event_id_each_id_once_in_order(
     expect(page.locator("#reconnects")).to_have_text("1")
 
 
+@memory_only(
+    "a restarted server starts a new id sequence; with Redis it outlives the process "
+    "(test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows)"
+)
 def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
@@ -157,6 +162,29 @@ def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     assert view.log_ids() == event_ids(snapshot["events"]) == after
     assert view.agent_text() == agent_text(snapshot["events"]) == "four five "
     expect(page.locator("#transcript .marker-truncated")).to_contain_text(f"#{after[0]}")
+
+
+@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    # Issue 6: the restarted server serves the same ids and epoch from Redis (EB-7 resume).
+    server = start_server("serve")
+    session = RemoteSession.create(server.base_url)
+    view = SessionPage(page, session).open(install_clock=True)
+    before = session.say("one ", "two ", "three ")
+    view.wait_for_id(before[-1])
+    server.stop()
+    view.expect_state("reconnecting")
+    server.start()
+    view.page.clock.fast_forward(60_000)  # fire the pending reconnect now
+    view.expect_state("open")
+    after = session.say("four ", "five ")
+    view.wait_for_id(after[-1])
+    assert after == [before[-1] + 1, before[-1] + 2]
+    assert view.log_ids() == [*before, *after]
+    assert view.agent_text() == "one two three four five "
+    expect(page.locator("#last-resync")).to_have_text("—")
 
 
 def test_ring_overflow_while_disconnected_rebuilds_view_equal_to_snapshot(

@@ -204,7 +204,10 @@ async def test_close_on_a_ends_streams_on_b(cluster: Cluster) -> None:
     again.close()
     assert again.status == 204
     status, body = request_json(
-        "POST", f"{cluster.b.base_url}{session.events_path}", {"type": "late"}, session.publish_token
+        "POST",
+        f"{cluster.b.base_url}{session.events_path}",
+        {"type": "late"},
+        session.publish_token,
     )
     assert status == 409, body
 

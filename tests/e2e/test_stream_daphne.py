@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.support.backend import USING_REDIS, memory_only
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -113,6 +114,10 @@ async def test_idle_streams_add_no_server_threads(daphne_server: ServerProcess) 
     assert after <= before, f"threads grew from {before} to {after} with 200 open streams"
 
 
+@memory_only(
+    "a restarted server starts a new id sequence; with Redis it outlives the process "
+    "(test_restart_with_redis_resumes_the_old_cursor_exactly)"
+)
 async def test_restart_answers_old_cursor_with_resync_never_reused_ids(
     e2e_database, tmp_path
 ) -> None:
@@ -136,5 +141,29 @@ async def test_restart_answers_old_cursor_with_resync_never_reused_ids(
         assert json.loads(events[0].data)["data"]["reason"] == "ring_evicted"
         assert event_ids(events) == [new_id]
         client.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+async def test_restart_with_redis_resumes_the_old_cursor_exactly(e2e_database, tmp_path) -> None:
+    # Issue 6: ids, epoch and the ring live in Redis; a restarted server serves them on.
+    port = free_port()
+    server = ServerProcess(daphne_argv(port), port, server_env(e2e_database), tmp_path / "d.log")
+    server.start()
+    try:
+        session = RemoteSession.create(server.base_url)
+        for n in range(5):
+            session.publish("note", {"n": n})
+        server.stop()
+        server.start()
+        assert session.publish("note", {"n": "after restart"}) == 6
+        client = await open_stream(
+            port, session.events_path, session.read_token, [("Last-Event-ID", "5")]
+        )
+        events = await client.read_until(lambda evs: any(e.type == "replay_complete" for e in evs))
+        client.close()
+        assert [e.type for e in events] == ["note", "replay_complete"]
+        assert event_ids(events) == [6]
     finally:
         server.stop()

@@ -8,6 +8,7 @@ Every wait is bounded by ``WAIT_S``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -401,16 +402,46 @@ def records(logs: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord
     return [r for r in logs.records if text in r.getMessage()]
 
 
-def burst(session_id: str, count: int, event_type: str = "burst") -> None:
-    """Publish ``count`` events on the loaded bus without yielding to the event loop.
+async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
+    """Publish ``count`` events that reach the loaded bus without a yield between them.
 
     The stream's pump cannot run in between, so the frames pile up in the subscriber
     queue exactly as they would behind a client that stops reading (EB-3, EB-4).
+    Memory backend: published on the bus directly (no await). Redis backend: published
+    through Redis while this process's reader does not watch the session, then handed to
+    the mirror in one reader callback (``runtime._on_entries``), as one ``XREAD`` would.
     """
     live = runtime.registry.get(session_id)
     assert live is not None, f"session {session_id} is not loaded"
-    for n in range(count):
-        assert runtime.publish_nowait(live, {"type": event_type, "data": {"n": n}}) is not None
+    events = [{"type": event_type, "data": {"n": n}} for n in range(count)]
+    if not runtime.using_redis():
+        for event in events:
+            assert runtime.publish_nowait(live, event) is not None
+        return
+    store = runtime.redis_store()
+    after = live.bus.last_event_id
+    store.unwatch(session_id)
+    try:
+        for event in events:
+            assert await runtime.publish(live, event) is not None
+        window = await store.window(session_id)
+        runtime._on_entries(session_id, [entry for entry in window.entries if entry[0] > after])
+    finally:
+        store.watch(session_id, live.bus.last_event_id)
+    assert live.bus.last_event_id == after + count
+
+
+async def publish_here(live: runtime.LiveSession, event: dict[str, Any]) -> int:
+    """Publish through the runtime (either backend); return once this process's bus has it.
+
+    With the Redis backend the event reaches the local bus through the reader task.
+    """
+    published = await runtime.publish(live, event)
+    assert published is not None
+    async with asyncio.timeout(WAIT_S):
+        while live.bus.last_event_id < published.id:
+            await live._advanced.wait()
+    return published.id
 
 
 def assert_error(response: Response | Stream, status: int, code: str) -> dict[str, Any]:

@@ -170,7 +170,7 @@ async def test_feed_publishes_warnings_and_evictions_with_their_data(
 ):
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
-    burst(sid, 40)
+    await burst(sid, 40)
     await stream.read_to_end()
     await operator_stream.read_until(has_activity("client_evicted", session=sid))
     kinds = [i["kind"] for i in activity(operator_stream) if i["session"] == sid]
@@ -227,7 +227,7 @@ async def test_records_endpoint_returns_the_exact_eviction_payload(
 
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
-    burst(sid, 40)
+    await burst(sid, 40)
     await stream.read_to_end()
     await records.recorder.flush()
     body = (

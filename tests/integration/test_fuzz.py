@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from qwenweb.asgi import application
+from sessions import runtime
 from sessions.auth import issue_token
 from sessions.models import AgentSession
 from tests.integration.conftest import (
@@ -204,6 +205,7 @@ def harness(transactional_db: None) -> Iterator[Harness]:
         yield harness
         harness.run(harness.stop())
     finally:
+        loop.run_until_complete(runtime.close_backend())  # the Redis backend's store
         loop.run_until_complete(_cancel_leftover_tasks())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -13,8 +13,15 @@ import uuid
 
 import pytest
 
-from sessions import pages, runtime
-from tests.integration.conftest import assert_error, call, close, csrf_headers, login_cookie
+from sessions import pages
+from tests.integration.conftest import (
+    assert_error,
+    call,
+    close,
+    csrf_headers,
+    load,
+    login_cookie,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -136,7 +143,7 @@ async def test_demo_agent_publishes_the_whole_script_in_order(make_session):
     sid = await make_session()
     async with asyncio.timeout(5):
         count = await pages.run_demo_agent(sid, chunks_per_s=1e9)
-    snapshot = json.loads(runtime.snapshot_json(await runtime.get_live_session(sid)))
+    snapshot = (await load(sid)).json()
     assert count == len(snapshot["events"]) > 100
     assert [e["id"] for e in snapshot["events"]] == list(range(1, count + 1))
     assert snapshot["events"][0]["data"]["sessionUpdate"] == "user_message_chunk"

@@ -116,7 +116,7 @@ async def test_eviction_is_recorded_with_the_exact_payloads_the_client_received(
     # EB-4, EB-5: a subscriber whose pump cannot run while 40 events are published
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
-    burst(sid, 40)
+    await burst(sid, 40)
     await stream.read_to_end()
     warning, evicted = await incidents(sid)
     assert (warning.kind, warning.payload) == (
@@ -223,7 +223,7 @@ async def test_eviction_log_line_names_session_and_subscriber(make_session, stre
     # EB-5
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
-    burst(sid, 40)
+    await burst(sid, 40)
     await stream.read_to_end()
     (row,) = await rows(sid)
     (line,) = log_records(logs, "client_evicted session=")

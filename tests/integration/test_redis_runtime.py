@@ -8,6 +8,7 @@ one). The route is driven through the ASGI application, as in ``test_stream.py``
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,11 +19,14 @@ import redis
 
 from sessions import runtime
 from sessions.conf import get_config
-from tests.integration.conftest import OpenStream, Stream, publish, publish_many
+from sessions.redis_store import RedisStore
+from tests.integration.conftest import OpenStream, Stream, load, publish, publish_many
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 StreamOf = Callable[..., Awaitable[Stream]]
+READER_LAG_S = 0.1
+CLOSE_WAIT_S = 2.0
 
 
 @pytest_asyncio.fixture
@@ -235,3 +239,67 @@ async def test_redis_back_in_time_is_seen_by_a_subscriber_without_a_publish(
     assert resumed.headers["x-event-epoch"] != old_epoch
     response = await publish(session_id, {"type": "next"})
     assert response.json()["id"] > get_config().id_reservation_block
+
+
+async def test_ids_issued_while_the_head_is_read_are_not_redis_going_back_in_time(
+    redis_backend: str, make_session: Any, stream_of: StreamOf, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish that completes while a subscriber's head read is in flight makes this
+    process know an id above that head: not a restore, so no new epoch, no resync."""
+    session_id = await make_session()
+    await publish_many(session_id, 1)
+    store = runtime.redis_store()
+    read_head = store.head
+
+    async def head_then_publish(sid: str) -> Any:
+        head = await read_head(sid)
+        monkeypatch.setattr(store, "head", read_head)
+        assert (await publish(sid, {"type": "during"})).json()["id"] == 2
+        return head
+
+    monkeypatch.setattr(store, "head", head_then_publish)
+    stream = await stream_of(session_id, headers={"Last-Event-ID": "1"})
+    await stream.read_until_type("replay_complete")
+    assert [f["type"] for f in stream.frames] == ["during", "replay_complete"]
+    assert (await publish(session_id, {"type": "next"})).json()["id"] == 3
+
+
+async def test_load_after_a_publish_includes_it_even_when_the_reader_is_slow(
+    redis_backend: str, make_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read your writes (section 5): the snapshot waits for the mirror to reach the last id
+    Redis issued; here the reader hands each entry over 0.1 s late (the simulated cause)."""
+    deliver = runtime._on_entries
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(
+        runtime, "_on_entries", lambda *entry: loop.call_later(READER_LAG_S, deliver, *entry)
+    )
+    session_id = await make_session()
+    assert (await publish(session_id, {"type": "mine"})).json()["id"] == 1
+    snapshot = (await load(session_id)).json()
+    assert (snapshot["lastEventId"], [e["type"] for e in snapshot["events"]]) == (1, ["mine"])
+
+
+async def test_closing_the_store_ends_even_when_a_read_swallows_the_cancellation(
+    redis_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py can swallow a task's cancellation (a reply it had just read comes back
+    instead): closing the store must end its reader anyway, never wait forever."""
+    entered, swallowed = asyncio.Event(), asyncio.Event()
+
+    async def read_swallowing_one_cancel(*_: Any) -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # a blocking read
+        except asyncio.CancelledError:
+            if swallowed.is_set():
+                raise
+            swallowed.set()  # the read returns as if it had not been cancelled
+
+    monkeypatch.setattr(RedisStore, "_read_once", read_swallowing_one_cancel)
+    runtime.redis_store()
+    async with asyncio.timeout(CLOSE_WAIT_S):
+        await entered.wait()
+    async with asyncio.timeout(CLOSE_WAIT_S):
+        await runtime.close_backend()
+    assert swallowed.is_set()

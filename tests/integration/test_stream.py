@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     publish_many,
     records,
 )
+from tests.support.backend import USING_REDIS, memory_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -319,7 +320,7 @@ async def test_max_queued_sets_the_subscriber_cap(make_session, stream_of, query
     sid = await make_session()
     stream = await stream_of(sid, query=query)
     assert stream.status == 200
-    burst(sid, expected)
+    await burst(sid, expected)
     warning = await stream.read_until_type("slow_client_warning")
     assert warning["data"]["maxQueued"] == expected
 
@@ -388,7 +389,7 @@ async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_end
     # EB-4, EB-5 (the pump is held off by publishing without yielding)
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
-    burst(sid, 40)
+    await burst(sid, 40)
     await stream.read_to_end()
     assert stream.types[-1] == "client_evicted"
     assert "slow_client_warning" in stream.types
@@ -614,7 +615,14 @@ async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_
 
 # -- section 5: a restarted server --------------------------------------------------------
 
+RESTART_STARTS_A_NEW_SEQUENCE = memory_only(
+    "a restarted process starts a new id sequence; with Redis the sequence outlives the "
+    "process (test_old_cursor_after_restart_resumes_exactly_with_redis; lost Redis data: "
+    "test_redis_runtime.py)"
+)
 
+
+@RESTART_STARTS_A_NEW_SEQUENCE
 async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbers(
     make_session, stream_of
 ):
@@ -630,6 +638,7 @@ async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbe
     assert _ids(stream.frames) == []
 
 
+@RESTART_STARTS_A_NEW_SEQUENCE
 async def test_ids_after_restart_continue_above_every_old_id(make_session, stream_of):
     # section 5, EB-1 start_id
     sid = await make_session()
@@ -644,6 +653,7 @@ async def test_ids_after_restart_continue_above_every_old_id(make_session, strea
     assert stream.types[0] == "state_resync_required"
 
 
+@RESTART_STARTS_A_NEW_SEQUENCE
 async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
     make_session, stream_of
 ):
@@ -659,6 +669,7 @@ async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
     assert min(new_ids) > 3
 
 
+@RESTART_STARTS_A_NEW_SEQUENCE
 async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream_of):
     # section 7 decision 5, EB-7
     sid = await make_session()
@@ -669,6 +680,21 @@ async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream
     stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": old_epoch})
     await stream.read_until_type("replay_complete")
     assert stream.frames[0]["data"]["detail"] == "epoch_mismatch"
+
+
+@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session, stream_of):
+    # issue 6: ids, epoch and the ring live in Redis, not in the process
+    sid = await make_session()
+    await publish_many(sid, 3)
+    epoch = (await load(sid)).json()["epoch"]
+    runtime.registry.clear()
+    await runtime.close_backend()  # a new process: a new store and reader
+    new_ids = await publish_many(sid, 2)
+    stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": epoch})
+    await stream.read_until_type("replay_complete")
+    assert "state_resync_required" not in stream.types
+    assert _ids(stream.frames) == new_ids == [4, 5]
 
 
 async def test_ids_continue_above_the_renewed_reservation_after_restart(
@@ -736,7 +762,7 @@ async def test_disconnect_while_frames_are_queued_removes_the_subscriber(make_se
     # EB-20, EB-8
     sid = await make_session()
     stream = await stream_of(sid)
-    burst(sid, 50)
+    await burst(sid, 50)
     async with asyncio.timeout(1):
         await stream.disconnect()
     assert live_bus(sid).subscriber_count == 0

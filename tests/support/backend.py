@@ -2,9 +2,13 @@
 
 ``QWENWEB_BACKEND=redis`` runs the whole suite against the Redis backend (``make
 test-redis``). The run writes only under one key prefix, ``QWENWEB_REDIS_KEY_PREFIX``
-(generated when unset): in-process tests each get ``<prefix>-t<n>``, server processes
-started by end-to-end tests inherit the environment. The prefix's keys are deleted at the
-end of the run; the shared Redis is never flushed.
+(generated when unset; it must start with ``qwtest-``): in-process tests each get
+``<prefix>-t<n>``, server processes started by end-to-end tests inherit the environment.
+The prefix's keys are deleted when the run ends; the shared Redis is never flushed.
+
+``python -m tests.support.backend check`` exits 1 with one line when Redis does not
+answer; ``python -m tests.support.backend delete <prefix>`` deletes a run's keys (``make
+test-redis`` runs it even when pytest was interrupted).
 """
 
 from __future__ import annotations
@@ -14,23 +18,30 @@ import functools
 import itertools
 import os
 import secrets
+import sys
+from typing import Final
+
 import pytest
 import redis
 
-from sessions import runtime
-
-USING_REDIS = os.environ.get("QWENWEB_BACKEND") == "redis"
+USING_REDIS: Final = os.environ.get("QWENWEB_BACKEND") == "redis"
 """Whether this run selects the Redis backend (the environment overrides settings)."""
 
-TEST_PREFIX_START = "qwtest-"
+TEST_PREFIX_START: Final = "qwtest-"
 """Key prefixes a test run may use: it deletes its prefix's keys when it ends."""
+
+DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"  # sessions.conf's default
 
 _per_test = itertools.count(1)
 
 
 def memory_only(reason: str) -> pytest.MarkDecorator:
-    """Skip a test about the memory backend's internals when the run uses Redis."""
+    """Skip a test about the memory backend's behaviour when the run uses Redis."""
     return pytest.mark.skipif(USING_REDIS, reason=f"memory backend internals: {reason}")
+
+
+def redis_url() -> str:
+    return os.environ.get("QWENWEB_REDIS_URL", DEFAULT_REDIS_URL)
 
 
 @functools.cache
@@ -58,10 +69,13 @@ def per_test_prefix(base: str) -> str:
 
 
 def delete_run_keys(base: str) -> int:
-    """Delete every key of the run (``base`` and its per-test prefixes); return how many."""
-    client = redis.Redis.from_url(
-        os.environ.get("QWENWEB_REDIS_URL", "redis://127.0.0.1:6379/0")
-    )
+    """Delete every key of the run (``base`` and its per-test prefixes); return how many.
+
+    Raises ``ValueError`` for a prefix that does not start with ``qwtest-``.
+    """
+    if not base.startswith(TEST_PREFIX_START):
+        raise ValueError(f"not a test run's key prefix: {base!r}")
+    client = redis.Redis.from_url(redis_url())
     deleted = 0
     try:
         for pattern in (f"{base}:*", f"{base}-t*"):
@@ -80,8 +94,32 @@ def delete_run_keys(base: str) -> int:
 
 def close_backend_on(loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0) -> None:
     """Close the Redis store from another thread, on ``loop`` where it runs (if it does)."""
+    from sessions import runtime  # needs Django set up: not at import (see main)
+
     store = runtime._store
     if store is None or store.loop is not loop or loop.is_closed():
         return
     asyncio.run_coroutine_threadsafe(runtime.close_backend(), loop).result(timeout_s)
 
+
+def main(argv: list[str]) -> int:
+    """``check``: 0 if Redis answers, else 1. ``delete <prefix>``: delete a run's keys."""
+    if argv == ["check"]:
+        client = redis.Redis.from_url(redis_url(), socket_connect_timeout=5, socket_timeout=5)
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            print(f"Redis is not reachable at {redis_url()}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
+        return 0
+    if len(argv) == 2 and argv[0] == "delete":
+        print(f"deleted {delete_run_keys(argv[1])} keys of {argv[1]}")
+        return 0
+    print("usage: python -m tests.support.backend check | delete qwtest-<run>", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
