@@ -23,11 +23,31 @@ class QwenwebCommandLine(CommandLineInterface):  # type: ignore[misc]  # daphne 
     server_class = FlowControlServer
 
 
+def check_configuration() -> None:
+    """Run Django's system checks (``qwenweb.E001`` for bad ``QWENWEB`` settings included)
+    before serving, as ``runserver`` does: bad values stop start-up with their message
+    (exit status 1) instead of turning every request into a 500."""
+    import django
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    django.setup()
+    try:
+        call_command("check", fail_level="ERROR")
+    except SystemCheckError as exc:
+        sys.stderr.write(f"{exc}\n")
+        raise SystemExit(1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the server with daphne's options from ``argv`` (default ``sys.argv[1:]``)."""
+    """Run the server with daphne's options from ``argv`` (default ``sys.argv[1:]``).
+
+    Raises ``SystemExit(1)`` when a system check fails (:func:`check_configuration`).
+    """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(arg in ("-h", "--help") for arg in args):
+        check_configuration()
         args.append(APPLICATION)
     QwenwebCommandLine().run(args)
 

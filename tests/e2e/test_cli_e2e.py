@@ -18,6 +18,7 @@ from tests.support.server import (
     open_stream,
     request_json,
     runserver_argv,
+    serve_argv,
     server_env,
 )
 
@@ -119,3 +120,19 @@ async def test_runserver_serves_the_stream_with_event_ring_size(
         client.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("env", [{"QWENWEB_BACKEND": "bogus"}, {"QWENWEB_RING_SIZE": "0"}])
+def test_serve_refuses_to_start_with_bad_settings(env: dict[str, str], tmp_path: Path) -> None:
+    """The production entry point runs the system checks first (section 6): a bad value
+    stops start-up with ``qwenweb.E001`` and exit status 1, like ``runserver``."""
+    done = subprocess.run(
+        serve_argv(free_port()),
+        cwd=REPO,
+        env=server_env(tmp_path / "unused.sqlite3", **env),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert b"qwenweb.E001" in done.stderr
