@@ -28,13 +28,12 @@ from tests.support.server import (
     RemoteSession,
     ServerProcess,
     free_port,
-    migrate,
     open_stream,
     serve_argv,
     server_env,
     wait_for,
 )
-from tests.support.staff import StaffClient, create_staff_user
+from tests.support.staff import StaffClient, staffed_database
 
 pytestmark = [pytest.mark.e2e]
 
@@ -52,10 +51,7 @@ def uvicorn_argv(port: int, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("operators") / "db.sqlite3"
-    migrate(path)
-    create_staff_user(path)
-    return path
+    return staffed_database(tmp_path_factory.mktemp("operators"))
 
 
 @pytest.fixture

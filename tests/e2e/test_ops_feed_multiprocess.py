@@ -30,19 +30,19 @@ import pytest
 import redis
 
 from sessions.sse import ServerSentEvent
+from tests.support.backend import delete_run_keys
 from tests.support.server import (
     REPO,
     RawSSEClient,
     RemoteSession,
     ServerProcess,
     free_port,
-    migrate,
     request_json,
     serve_argv,
     server_env,
     wait_for,
 )
-from tests.support.staff import StaffClient, create_staff_user
+from tests.support.staff import StaffClient, staffed_database
 
 pytestmark = [pytest.mark.e2e]
 
@@ -59,13 +59,6 @@ class Deployments:
     c: ServerProcess
     prefix: str
     other_prefix: str
-
-
-def staffed_database(directory: Path) -> Path:
-    path = directory / "db.sqlite3"
-    migrate(path)
-    create_staff_user(path)
-    return path
 
 
 @pytest.fixture
@@ -104,14 +97,8 @@ def _redis() -> redis.Redis:
 
 def _delete_keys(*prefixes: str) -> None:
     """Delete this test's keys (under its own prefixes); nothing else."""
-    client = _redis()
-    try:
-        for prefix in prefixes:
-            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-            if keys:
-                client.delete(*keys)
-    finally:
-        client.close()
+    for prefix in prefixes:
+        delete_run_keys(prefix, REDIS_URL)
 
 
 def control_listeners(prefix: str) -> int:

@@ -50,8 +50,8 @@ from tests.support.server import (
     ServerProcess,
     event_ids,
     free_port,
-    serve_argv,
-    server_env,
+    start_redis_server,
+    stop_process,
     wait_for,
 )
 
@@ -105,13 +105,8 @@ class PrivateRedis:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM: AOF flushed; SIGKILL after 10 s). Idempotent."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            stop_process(self.process)
         self.process = None
 
     def client(self) -> redis.Redis:
@@ -163,16 +158,7 @@ class Cluster:
 
 
 def _start(database: Path, redis_url: str, log_path: Path) -> ServerProcess:
-    port = free_port()
-    env = server_env(
-        database,
-        QWENWEB_BACKEND="redis",
-        QWENWEB_REDIS_URL=redis_url,
-        QWENWEB_REDIS_KEY_PREFIX=PREFIX,
-        QWENWEB_PROCESS_TTL_S="2",
-        QWENWEB_HEARTBEAT_INTERVAL_S="1",
-    )
-    return ServerProcess(serve_argv(port), port, env, log_path).start()
+    return start_redis_server(database, redis_url, PREFIX, log_path)
 
 
 def _running_cluster(database: Path, private: PrivateRedis, logs: Path) -> Iterator[Cluster]:

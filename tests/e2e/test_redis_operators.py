@@ -17,21 +17,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from sessions.sse import ServerSentEvent
+from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
     ServerProcess,
-    free_port,
-    migrate,
     open_stream,
-    serve_argv,
-    server_env,
+    start_redis_server,
     wait_for,
 )
-from tests.support.staff import StaffClient, create_staff_user
+from tests.support.staff import StaffClient, staffed_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
 
@@ -45,10 +42,7 @@ Start = Callable[[str], ServerProcess]
 
 @pytest.fixture(scope="module")
 def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("redis-operators") / "db.sqlite3"
-    migrate(path)
-    create_staff_user(path)
-    return path
+    return staffed_database(tmp_path_factory.mktemp("redis-operators"))
 
 
 @pytest.fixture
@@ -58,29 +52,17 @@ def start(database: Path, tmp_path: Path) -> Iterator[Start]:
     started: list[ServerProcess] = []
 
     def _start(name: str) -> ServerProcess:
-        env = server_env(
-            database,
-            QWENWEB_BACKEND="redis",
-            QWENWEB_REDIS_URL=REDIS_URL,
-            QWENWEB_REDIS_KEY_PREFIX=prefix,
+        server = start_redis_server(
+            database, REDIS_URL, prefix, tmp_path / f"{name}.log",
             QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S),
-            QWENWEB_HEARTBEAT_INTERVAL_S="1",
-        )
-        port = free_port()
-        server = ServerProcess(serve_argv(port), port, env, tmp_path / f"{name}.log")
+        )  # fmt: skip
         started.append(server)
-        return server.start()
+        return server
 
     yield _start
     for server in started:
         server.stop()
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    delete_run_keys(prefix, REDIS_URL)
 
 
 def cell(page: str, session_id: str, field: str) -> str:

@@ -18,19 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from sessions.sse import ServerSentEvent
+from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
     event_ids,
-    free_port,
     get_json,
     open_stream,
     request_json,
-    serve_argv,
-    server_env,
+    start_redis_server,
     wait_for,
 )
 
@@ -55,27 +53,10 @@ class Cluster:
 
 
 def _start(database: Path, prefix: str, log_path: Path, **extra: str) -> ServerProcess:
-    port = free_port()
-    env = server_env(
-        database,
-        QWENWEB_BACKEND="redis",
-        QWENWEB_REDIS_URL=REDIS_URL,
-        QWENWEB_REDIS_KEY_PREFIX=prefix,
-        QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S),
-        QWENWEB_HEARTBEAT_INTERVAL_S="1",
-        **extra,
+    ttl = str(PROCESS_TTL_S)
+    return start_redis_server(
+        database, REDIS_URL, prefix, log_path, QWENWEB_PROCESS_TTL_S=ttl, **extra
     )
-    return ServerProcess(serve_argv(port), port, env, log_path).start()
-
-
-def _delete_prefix(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -90,7 +71,7 @@ def cluster(e2e_database: Path, tmp_path: Path) -> Iterator[Cluster]:
     yield Cluster(a, b, prefix, e2e_database, tmp_path)
     a.stop()
     b.stop()
-    _delete_prefix(prefix)
+    delete_run_keys(prefix, REDIS_URL)
 
 
 def _json_events(events: list[ServerSentEvent]) -> list[dict[str, Any]]:

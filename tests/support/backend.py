@@ -68,14 +68,15 @@ def per_test_prefix(base: str) -> str:
     return f"{base}-t{next(_per_test)}"
 
 
-def delete_run_keys(base: str) -> int:
+def delete_run_keys(base: str, url: str | None = None) -> int:
     """Delete every key of the run (``base`` and its per-test prefixes); return how many.
 
-    Raises ``ValueError`` for a prefix that does not start with ``qwtest-``.
+    ``url`` is the Redis to delete them from (default: the run's, ``redis_url()``). Raises
+    ``ValueError`` for a prefix that does not start with ``qwtest-``.
     """
     if not base.startswith(TEST_PREFIX_START):
         raise ValueError(f"not a test run's key prefix: {base!r}")
-    client = redis.Redis.from_url(redis_url())
+    client = redis.Redis.from_url(url or redis_url())
     deleted = 0
     try:
         for pattern in (f"{base}:*", f"{base}-t*"):

@@ -95,13 +95,8 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            stop_process(self.process)
 
     def _status_field(self, name: str) -> int:
         assert self.process is not None
@@ -118,6 +113,40 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Stop ``process`` if it still runs: SIGTERM, then SIGKILL after ``timeout_s`` (bounded)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout_s)
+
+
+def start_redis_server(
+    database: Path, redis_url: str, prefix: str, log_path: Path, **extra_env: str
+) -> ServerProcess:
+    """Start ``python -m qwenweb.serve`` on a free port with the Redis backend (issue 6).
+
+    The server uses ``redis_url`` under the key prefix ``prefix``, with a process TTL of
+    2 s and a heartbeat every second (``extra_env`` adds to or overrides these).
+    """
+    port = free_port()
+    env = server_env(
+        database,
+        **{
+            "QWENWEB_BACKEND": "redis",
+            "QWENWEB_REDIS_URL": redis_url,
+            "QWENWEB_REDIS_KEY_PREFIX": prefix,
+            "QWENWEB_PROCESS_TTL_S": "2",
+            "QWENWEB_HEARTBEAT_INTERVAL_S": "1",
+            **extra_env,
+        },
+    )
+    return ServerProcess(serve_argv(port), port, env, log_path).start()
 
 
 def daphne_argv(port: int) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.server import REPO, server_env
+from tests.support.server import REPO, migrate, server_env
 
 USERNAME = "operator"
 PASSWORD = "operator-password-1"
@@ -35,6 +35,14 @@ def create_staff_user(database: Path, username: str = USERNAME, password: str = 
         timeout=120,
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def staffed_database(directory: Path) -> Path:
+    """A migrated SQLite file ``directory/db.sqlite3`` with the staff user (bounded)."""
+    path = directory / "db.sqlite3"
+    migrate(path)
+    create_staff_user(path)
+    return path
 
 
 @dataclass
