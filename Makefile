@@ -21,7 +21,7 @@ test: $(STAMP)
 	node --test tests/js/
 	$(PY) -m pytest
 
-# The integration tests against PostgreSQL (issue 6): pytest-django creates and drops
+# The integration tests against PostgreSQL: pytest-django creates and drops
 # test_qwenweb on that server. Fails, naming the reason, when the server does not answer.
 POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/qwenweb
 
@@ -29,7 +29,7 @@ test-postgres: $(STAMP)
 	$(PY) -m tests.support.postgres $(POSTGRES_URL)
 	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest tests/integration
 
-# The whole single-process suite again with the Redis backend (issue 6), on the Redis at
+# The whole single-process suite again with the Redis backend, on the Redis at
 # QWENWEB_REDIS_URL (default redis://127.0.0.1:6379/0), under a key prefix of this run's
 # (qwtest-<random>); its keys are deleted afterwards, pass or fail. Never FLUSHDB.
 test-redis: $(STAMP)

@@ -9,10 +9,10 @@
   are drained between batches, outside the timed region (100 < the 75 % warning mark of a
   256-frame queue, so no warning frame is ever built).
 - serializations: ``sessions.bus.eventbus._dumps`` (the publish-time JSON encoding) and
-  every ``orjson.dumps`` made by the stream handler's writer (``sessions.stream``) are
-  counted while real events go through ``publish`` and ``pump_frames`` into a fake
-  ``send`` for 0, 1 and 64 subscribers. ``encode_frame`` calls (the per-subscriber SSE
-  framing copy, not a JSON serialization) are counted too.
+  every ``orjson.dumps`` made by the stream writer's framing (``sessions.wire.framing``)
+  are counted while real events go through ``publish`` and ``pump_frames`` into a fake
+  ``send`` for 0, 1 and 64 subscribers. ``encode_frame`` calls (the SSE framing copy, not
+  a JSON serialization) are counted too.
 - ring memory: what ``publish`` allocates and keeps per event in a full ring of 8000
   (tracemalloc), and how much of that one event's serialized JSON occupies.
 """
@@ -102,7 +102,7 @@ def _publish_cost(quick: bool) -> dict[str, Any]:
 
 
 class _CountingOrjson:
-    """Stands in for the ``orjson`` module inside ``sessions.stream``; counts ``dumps``."""
+    """Stands in for the ``orjson`` module inside ``sessions.wire.framing``; counts ``dumps``."""
 
     def __init__(self, real: Any) -> None:
         self.real = real
@@ -118,12 +118,13 @@ class _CountingOrjson:
 async def _serializations(subscribers: int, events: int) -> dict[str, Any]:
     import orjson
 
-    from sessions import stream
     from sessions.bus import EventBus, eventbus
+    from sessions.transport import pump as stream
+    from sessions.wire import framing
 
     counts = {"publish_dumps": 0, "encode_frame": 0}
-    real_dumps = eventbus._dumps
-    real_encode = getattr(stream, "encode_frame")  # noqa: B009 - not re-exported
+    real_dumps = getattr(eventbus, "_dumps")  # noqa: B009 - from bus.frame, not re-exported
+    real_encode = framing.encode_frame
 
     def counting_dumps(fields: Any) -> bytes | None:
         counts["publish_dumps"] += 1
@@ -135,8 +136,8 @@ async def _serializations(subscribers: int, events: int) -> dict[str, Any]:
 
     shim = _CountingOrjson(orjson)
     setattr(eventbus, "_dumps", counting_dumps)  # noqa: B010
-    setattr(stream, "encode_frame", counting_encode)  # noqa: B010
-    setattr(stream, "orjson", shim)  # noqa: B010
+    setattr(framing, "encode_frame", counting_encode)  # noqa: B010
+    setattr(framing, "orjson", shim)  # noqa: B010
     wire = [0]
 
     async def send(message: Any) -> None:
@@ -154,8 +155,8 @@ async def _serializations(subscribers: int, events: int) -> dict[str, Any]:
             await asyncio.gather(*pumps)
     finally:
         setattr(eventbus, "_dumps", real_dumps)  # noqa: B010
-        setattr(stream, "encode_frame", real_encode)  # noqa: B010
-        setattr(stream, "orjson", orjson)  # noqa: B010
+        setattr(framing, "encode_frame", real_encode)  # noqa: B010
+        setattr(framing, "orjson", orjson)  # noqa: B010
     return {
         "subscribers": subscribers,
         "events": events,

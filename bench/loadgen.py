@@ -9,7 +9,7 @@ split on ``b"\\n\\n"``. That splitter is correct here because every contender wr
 LF-only frames whose ``data`` is one line of JSON (qwenweb: EB-18; django-eventstream's
 JSON has no newline; the floor writes qwenweb's framing). To prove it on every run, the
 first subscriber's decoded body is kept (up to 16 MiB) and re-parsed afterwards with the
-project's WHATWG parser (``sessions.sse.SSEParser``); the two counts must agree
+project's WHATWG parser (``sessions.wire.SSEParser``); the two counts must agree
 (``parser_check``).
 
 Each bench event carries ``seq`` and ``t`` (publish ``monotonic_ns``). Per subscriber the
@@ -31,7 +31,7 @@ from array import array
 from collections import Counter
 from typing import Any
 
-from sessions.sse import ServerSentEvent, SSEParser
+from sessions.wire import ServerSentEvent, SSEParser
 
 SEQ_RE = re.compile(rb'"seq": ?(\d+), ?"t": ?(\d+)')
 TYPE_RE = re.compile(rb"(?:^|\n)event: ?([^\n]*)")

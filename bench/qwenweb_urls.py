@@ -2,8 +2,8 @@
 
 - ``POST /bench/session``: a new session; ``{"channel", "token", "path"}`` (read token).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
-  ``sessions.runtime.publish_nowait`` on the server's event loop (in-process, no HTTP per
-  event; with the Redis backend ``sessions.runtime.publish``, one Redis round-trip each);
+  ``MemoryBackend.publish_nowait`` on the server's event loop (in-process, no HTTP per
+  event; with another backend ``Backend.publish``, e.g. one Redis round-trip each);
   answers when the last one is published, with the publish timings.
 - ``GET /bench/ping``: readiness.
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
@@ -24,8 +24,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from bench.common import burst_params, run_burst
 from qwenweb.urls import urlpatterns as project_urlpatterns
-from sessions import runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
+from sessions.backends.memory import MemoryBackend
 from sessions.models import AgentSession
 
 
@@ -36,7 +37,7 @@ def _create_row() -> str:
 @csrf_exempt
 async def bench_session(request: HttpRequest) -> HttpResponse:
     session_id = await database_sync_to_async(_create_row)()
-    await runtime.get_live_session(session_id)  # build the bus now, not on the first stream
+    await get_backend().get_live_session(session_id)  # build the bus now, not on the first stream
     return JsonResponse(
         {
             "channel": session_id,
@@ -49,17 +50,20 @@ async def bench_session(request: HttpRequest) -> HttpResponse:
 @csrf_exempt
 async def bench_burst(request: HttpRequest) -> HttpResponse:
     n, size, rate, batch = burst_params(request.GET.dict())
-    live = await runtime.get_live_session(request.GET["channel"])
-
-    def publish(data: dict[str, Any]) -> bool:
-        return runtime.publish_nowait(live, {"type": "bench", "data": data}) is not None
+    backend = get_backend()
+    live = await backend.get_live_session(request.GET["channel"])
 
     async def publish_shared(data: dict[str, Any]) -> bool:
-        return await runtime.publish(live, {"type": "bench", "data": data}) is not None
+        return await backend.publish(live, {"type": "bench", "data": data}) is not None
 
-    if runtime.using_redis():
-        return JsonResponse(await run_burst(publish_shared, n, size, rate, batch))
-    return JsonResponse(await run_burst(publish, n, size, rate, batch))
+    if isinstance(backend, MemoryBackend):
+        memory = backend
+
+        def publish(data: dict[str, Any]) -> bool:
+            return memory.publish_nowait(live, {"type": "bench", "data": data}) is not None
+
+        return JsonResponse(await run_burst(publish, n, size, rate, batch))
+    return JsonResponse(await run_burst(publish_shared, n, size, rate, batch))
 
 
 async def bench_ping(request: HttpRequest) -> HttpResponse:

@@ -1,6 +1,7 @@
 """Run every benchmark scenario and print markdown tables; ``--json`` writes the same data.
 
-``python -m bench.run [--quick] [--json out.json] [--only S2,S4] [--reps N]``
+``python -m bench.run [--quick] [--json out.json] [--only S2,S4] [--reps N]
+[--baseline-tree PATH]``
 
 Contenders (each in its own process on 127.0.0.1, with its own SQLite database on tmpfs):
 
@@ -8,7 +9,10 @@ Contenders (each in its own process on 127.0.0.1, with its own SQLite database o
   entry point);
 - ``qwenweb-uvicorn``: ``python -m uvicorn qwenweb.asgi:application --lifespan off``;
 - ``eventstream``: django-eventstream 5 under plain daphne, with ``DjangoModelStorage``;
-- ``floor``: ``bench/floor_server.py``, a raw asyncio server writing pre-serialized frames.
+- ``floor``: ``bench/floor_server.py``, a raw asyncio server writing pre-serialized frames;
+- ``qwenweb-serve@baseline`` (with ``--baseline-tree PATH``): ``python -m qwenweb.serve`` run
+  from another checkout (e.g. ``git worktree add /tmp/base <commit>``), so a change is
+  measured against the code before it in the same run, repetition by repetition.
 
 Both qwenweb contenders run the unchanged ``qwenweb.asgi`` application with
 ``DJANGO_SETTINGS_MODULE=bench.qwenweb_bench_settings`` (adds ``/bench/*`` routes).
@@ -44,6 +48,7 @@ FLOOR = "floor"
 QW_SERVE = "qwenweb-serve"
 QW_UVICORN = "qwenweb-uvicorn"
 EVENTSTREAM = "eventstream"
+QW_BASELINE = "qwenweb-serve@baseline"
 CONTENDERS = (QW_SERVE, QW_UVICORN, EVENTSTREAM, FLOOR)
 TICKS = os.sysconf("SC_CLK_TCK")
 # Scenario 7's events: big enough that a stalled reader's kernel buffers (a few MiB on
@@ -100,10 +105,12 @@ class Server:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: A database shared with other processes of one deployment (else a copy per start).
     shared_db: Path | None = None
+    #: The checkout the server runs from (``--baseline-tree`` for the baseline contender).
+    tree: Path = REPO
 
     def argv(self) -> list[str]:
         port = str(self.port)
-        if self.name == QW_SERVE:
+        if self.name in (QW_SERVE, QW_BASELINE):
             return [PY, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", port]
         if self.name == QW_UVICORN:
             return [
@@ -146,7 +153,7 @@ class Server:
             shutil.copy(self.template_db, db)
         log = (self.workdir / f"{self.name}.log").open("ab")
         self.process = subprocess.Popen(
-            self.argv(), cwd=REPO, env=self.env(db), stdout=log, stderr=subprocess.STDOUT
+            self.argv(), cwd=self.tree, env=self.env(db), stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
         deadline = time.monotonic() + 30
@@ -365,12 +372,21 @@ def paired(per_rep: dict[str, dict[int, float | None]], name: str, base: str) ->
 class Bench:
     """Owns the servers and runs the scenarios; collects results and markdown tables."""
 
-    def __init__(self, plan: Plan, workdir: Path, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        workdir: Path,
+        log: Callable[[str], None],
+        baseline_tree: Path | None = None,
+    ) -> None:
         self.plan = plan
         self.workdir = workdir
         self.log = log
         self.template = migrate_template(workdir)
-        self.servers = {name: Server(name, workdir, self.template) for name in CONTENDERS}
+        self.contenders = CONTENDERS + ((QW_BASELINE,) if baseline_tree else ())
+        self.servers = {name: Server(name, workdir, self.template) for name in self.contenders}
+        if baseline_tree is not None:
+            self.servers[QW_BASELINE].tree = baseline_tree
         self.results: dict[str, Any] = {}
         self.tables: list[str] = []
 
@@ -449,7 +465,8 @@ class Bench:
         cells: dict[str, list[str]] = {}
         raw: dict[str, list[Any]] = {}
         client_cpu: dict[str, list[float]] = {}
-        for rep, name in rotations(CONTENDERS, self.plan.reps):
+        cpu_per_rep: dict[str, dict[int, float | None]] = {}
+        for rep, name in rotations(self.contenders, self.plan.reps):
             server = self.servers[name]
             count = self.n_for(name, n, n_es)
             channel = server.new_channel()
@@ -460,7 +477,9 @@ class Bench:
             elapsed = result.get("elapsed_s")
             rate = count * subscribers / elapsed if elapsed else None
             per_rep.setdefault(name, {})[rep] = rate
-            cpu.setdefault(name, []).append(measured.server_cpu_s / (count * subscribers) * 1e6)
+            cpu_us = measured.server_cpu_s / (count * subscribers) * 1e6
+            cpu.setdefault(name, []).append(cpu_us)
+            cpu_per_rep.setdefault(name, {})[rep] = cpu_us
             client_cpu.setdefault(name, []).append(result.get("client_busy", 0))
             cells.setdefault(name, []).append(correctness(result))
             raw.setdefault(name, []).append(
@@ -475,7 +494,7 @@ class Bench:
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         floor_cpu = med(cpu[FLOOR])
-        for name in CONTENDERS:
+        for name in self.contenders:
             values = list(per_rep[name].values())
             count = self.n_for(name, n, n_es)
             rows.append(
@@ -486,12 +505,21 @@ class Bench:
                 f"{fmt(100 * (med(client_cpu[name]) or 0), 2)} % | "
                 f"{merge_correctness(cells[name])} |"
             )
-        self.results[key] = {"per_rep": per_rep, "runs": raw}
+        baseline = ""
+        if QW_BASELINE in self.contenders:
+            by_cpu = paired(cpu_per_rep, QW_SERVE, QW_BASELINE)
+            by_rate = paired(per_rep, QW_SERVE, QW_BASELINE)
+            baseline = (
+                f"\n`{QW_SERVE}` against `{QW_BASELINE}` (the same server from the baseline "
+                f"checkout), per repetition: CPU per delivery {ratio_cell(by_cpu)}, "
+                f"deliveries/s {ratio_cell(by_rate)}.\n"
+            )
+        self.results[key] = {"per_rep": per_rep, "cpu_per_rep": cpu_per_rep, "runs": raw}
         self.tables.append(
             f"### {title}\n\n{self.plan.reps} alternated repetitions, 200 B events published "
             "as fast as possible (one per event-loop turn). django-eventstream publishes "
             f"fewer events ({n_es:,}): each `send_event` is a database write, so its rate is "
-            "the rate of that write.\n\n" + "\n".join(rows) + "\n"
+            "the rate of that write.\n\n" + "\n".join(rows) + "\n" + baseline
         )
 
     # S4 ------------------------------------------------------------------------------
@@ -504,7 +532,7 @@ class Bench:
         p99: dict[str, dict[int, float | None]] = {}
         cells: dict[str, list[str]] = {}
         raw: dict[str, list[Any]] = {}
-        for rep, name in rotations(CONTENDERS, self.plan.reps):
+        for rep, name in rotations(self.contenders, self.plan.reps):
             server = self.servers[name]
             channel = server.new_channel()
             spec = stream_spec(server, channel, n, 64, "size=200&rate=200")
@@ -522,7 +550,7 @@ class Bench:
             "p50 × floor | publish rate reached | lost / duplicated |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
-        for name in CONTENDERS:
+        for name in self.contenders:
             reached = [
                 r["n"] / r["trigger"]["publish_s"]
                 for r in raw[name]
@@ -552,7 +580,7 @@ class Bench:
         threads: dict[str, list[float]] = {}
         opened: dict[str, list[int]] = {}
         raw: dict[str, list[Any]] = {}
-        for rep, name in rotations(CONTENDERS, self.plan.idle_reps):
+        for rep, name in rotations(self.contenders, self.plan.idle_reps):
             server = self.servers[name].start()  # a fresh process: RSS deltas are its own
             channel = server.new_channel()
             warm = self._hold_idle(server, self._idle_spec(server, channel, 8))
@@ -575,7 +603,7 @@ class Bench:
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         floor = med(per_sub[FLOOR]) or None
-        for name in CONTENDERS:
+        for name in self.contenders:
             value = med(per_sub[name])
             rows.append(
                 f"| {name} | {min(opened[name])} of {count} | {fmt(value)} | "
@@ -631,7 +659,7 @@ class Bench:
         live_s: dict[str, dict[int, float | None]] = {}
         cells: dict[str, list[str]] = {}
         raw: dict[str, list[Any]] = {}
-        for rep, name in rotations(CONTENDERS, self.plan.reps):
+        for rep, name in rotations(self.contenders, self.plan.reps):
             server = self.servers[name]
             n = self.n_for(name, self.plan.replay_n, self.plan.replay_n_es)
             channel = server.new_channel()
@@ -662,7 +690,7 @@ class Bench:
             "replay ÷ live (paired) | replay × floor | lost / duplicated |",
             "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
-        for name in CONTENDERS:
+        for name in self.contenders:
             ratios = [
                 replay_s[name][rep] / live_s[name][rep]  # type: ignore[operator]
                 if replay_s[name].get(rep) and live_s[name].get(rep)
@@ -701,7 +729,7 @@ class Bench:
         rss: dict[str, dict[str, list[float | None]]] = {}
         raw: dict[str, list[Any]] = {}
         variants = ("no stall", "stall")
-        for rep, name in rotations(CONTENDERS, self.plan.slow_reps):
+        for rep, name in rotations(self.contenders, self.plan.slow_reps):
             server = self.servers[name]
             for variant in variants if rep % 2 == 0 else variants[::-1]:
                 stalled = 1 if variant == "stall" else 0
@@ -732,7 +760,7 @@ class Bench:
             "stalled reader | lost / duplicated |",
             "| --- | ---: | ---: | ---: | --- | --- | --- |",
         ]
-        for name in CONTENDERS:
+        for name in self.contenders:
             base = p99[name]["no stall"]
             stall = p99[name]["stall"]
             ratios = [s / b if s and b else None for s, b in zip(stall, base, strict=True)]
@@ -885,7 +913,15 @@ def main(argv: list[str] | None = None) -> int:
         "--only", help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)"
     )
     parser.add_argument("--reps", type=int, help="repetitions per comparison (default 3; 2 quick)")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also run `python -m qwenweb.serve` from this checkout (contender "
+        f"{QW_BASELINE}), to compare a change with the code before it in one run",
+    )
     args = parser.parse_args(argv)
+    if args.baseline_tree is not None and not (args.baseline_tree / "qwenweb").is_dir():
+        parser.error(f"--baseline-tree {args.baseline_tree}: no qwenweb/ package there")
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
     plan = Plan.make(args.quick, args.reps)
     started = time.monotonic()
@@ -897,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {info}")
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="qwenweb-bench-", dir=root) as tmp:
-        bench = Bench(plan, Path(tmp), log)
+        bench = Bench(plan, Path(tmp), log, args.baseline_tree)
         try:
             if "S1" in only:
                 bench.s1_inprocess(args.quick)

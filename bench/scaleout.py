@@ -1,6 +1,6 @@
 """Scale-out: delivery throughput of 1 vs 2 server processes sharing sessions via Redis.
 
-``python -m bench.scaleout [--quick] [--reps N] [--subscribers S] [--events N]`` (issue 6)
+``python -m bench.scaleout [--quick] [--reps N] [--subscribers S] [--events N]``
 prints a markdown table. Contenders, alternated per repetition on the same machine:
 
 - ``memory ×1``: one ``python -m qwenweb.serve`` with the in-memory bus (the baseline);

@@ -1,6 +1,6 @@
 """ASGI entry point: Channels routes the event stream in front of Django (EB-22).
 
-``GET /session/<id>/events`` goes to :class:`sessions.stream.SessionEventStream`, a plain
+``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventStream`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
 including ``POST`` to the same path, goes to Django.
@@ -18,7 +18,7 @@ django_application: Any = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
-from sessions.stream import SessionEventStream  # noqa: E402
+from sessions.transport.stream import SessionEventStream  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
 stream_application: Any = SessionEventStream(django_application)

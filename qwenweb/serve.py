@@ -1,4 +1,4 @@
-"""Production entry point: daphne with flow control (``qwenweb.flow_control``).
+"""Production entry point: daphne with flow control (``sessions.transport.flow_control``).
 
 Usage: ``python -m qwenweb.serve -b 0.0.0.0 -p 8000 [any other daphne option]``. The
 application is always ``qwenweb.asgi:application``; every option of the ``daphne``
@@ -12,7 +12,7 @@ import sys
 
 from daphne.cli import CommandLineInterface
 
-from qwenweb.flow_control import FlowControlServer
+from sessions.transport.flow_control import FlowControlServer
 
 APPLICATION = "qwenweb.asgi:application"
 

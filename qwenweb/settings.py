@@ -101,7 +101,7 @@ def _conn_max_age_s() -> int:
     return int(raw)
 
 
-# DATABASE_URL selects the database (issue 6), e.g. postgres://postgres@127.0.0.1:5432/qwenweb;
+# DATABASE_URL selects the database, e.g. postgres://postgres@127.0.0.1:5432/qwenweb;
 # without it, SQLite in the repository (the demo).
 if _database_url := os.environ.get("DATABASE_URL", "").strip():
     DATABASES = {
@@ -138,30 +138,16 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 
 LOGIN_URL = "/admin/login/"
 
-# The event bus and its route (shared/spec/event-bus.md section 6). Read through
+# The event bus and its route (docs/protocol.md, "Errors and limits"). Read through
 # `sessions.conf.get_config()`; each key can be overridden by the environment variable
 # named in `sessions.conf.ENV_OVERRIDES`.
-QWENWEB = {
-    "RING_SIZE": 8000,
-    "MAX_SUBSCRIBERS": 64,
-    "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
-    "HEARTBEAT_INTERVAL_S": 15.0,
-    # A stream whose socket accepts no byte for this long is evicted (writer_idle_timeout).
-    "WRITER_IDLE_TIMEOUT_S": 30.0,
-    "TOKEN_LIFETIME_S": 3600,
-    "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
-    "ID_RESERVATION_BLOCK": 100_000,
-    "BACKEND": "memory",
-    # Operator records (sessions.records): flushed every interval or once a batch is full;
-    # `manage.py prune_records` deletes closed ones older than the retention.
-    "RECORDS_FLUSH_INTERVAL_S": 1.0,
-    "RECORDS_BATCH_SIZE": 500,
-    "RECORDS_RETENTION_DAYS": 30,
-}
+# The event bus settings: every default is defined once, in sessions.conf (the bus's own
+# limits from sessions.bus); override any of them here or with $QWENWEB_<NAME>.
+QWENWEB: dict[str, object] = {}
 
-# The operator dashboard's live feed (sessions.dashboard): one staff-only channel, no
+# The operator dashboard's live feed (sessions.ops.feed): one staff-only channel, no
 # event storage (nothing is written to the database per dashboard event).
-EVENTSTREAM_CHANNELMANAGER_CLASS = "sessions.dashboard.OperatorChannelManager"
+EVENTSTREAM_CHANNELMANAGER_CLASS = "sessions.ops.feed.OperatorChannelManager"
 
 LOGGING = {
     "version": 1,
@@ -185,9 +171,9 @@ LOGGING = {
     },
 }
 
-# The operator feed across processes (issue 6): with the Redis backend, each process relays
+# The operator feed across processes: with the Redis backend, each process relays
 # its dashboard activity to the others over the backend's own pub/sub control channel,
-# under QWENWEB_REDIS_KEY_PREFIX (sessions.dashboard). django-eventstream's relay,
+# under QWENWEB_REDIS_KEY_PREFIX (sessions.ops.feed). django-eventstream's relay,
 # EVENTSTREAM_REDIS, is deliberately not set: it would deliver every item a second time,
 # on a channel shared by every deployment on that Redis, with a listener that never comes
 # back after an outage and a publish that blocks the event loop (docs/deployment.md).

@@ -6,22 +6,22 @@
   server's event loop; otherwise from the counters last saved on its row (marked
   "saved"). With the Redis backend "live" means loaded in any server process, and the
   numbers are the sums over every live process
-  (:func:`sessions.runtime.operator_stats_blocking`). Filters: status, had evictions;
+  (``Backend.operator_stats_blocking``). Filters: status, had evictions;
   search: id, title, owner. The change page shows the live numbers and, newest first,
   the session's connections and its ``slow_client_warning`` / ``client_evicted``
   records with their exact payloads. Actions: close the session, disconnect all its
   subscribers; with the Redis backend both reach every process.
 - **Subscriber connections** and **subscriber incidents**: read-only lists of the records
-  written by :mod:`sessions.records` (filters, search).
+  written by :mod:`sessions.ops.records` (filters, search).
 
 Concurrency model
     The admin's views are synchronous: Django runs them in a worker thread. They never
     touch a bus (EB-11): live numbers and actions are run on the server's loop through
-    :func:`sessions.runtime.call_on_server_loop` / :func:`sessions.runtime.run_on_server_loop`.
-    With the Redis backend a process that has no server loop yet reads the cluster's
-    numbers with a short-lived synchronous Redis client, and for an action adopts the loop
-    serving the request (:func:`sessions.runtime.adopt_request_loop`). A Redis that is
-    down or stuck costs a page about two seconds and an error message, never a 500.
+    the backend's :class:`~sessions.runtime.ServerLoop`. With a multi-process backend a
+    process that has no server loop yet reads the cluster's numbers with a short-lived
+    synchronous client, and for an action adopts the loop serving the request
+    (``ServerLoop.adopt_request_loop``). A shared store that is down or stuck costs a page
+    about two seconds and an error message, never a 500.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from sessions import runtime
+from sessions.backends import get_backend
+from sessions.backends.base import BackendUnavailableError, SessionClosedError
 from sessions.bus import BusStats
 from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
+from sessions.runtime import ServerLoopUnavailableError
 
 __all__ = [
     "AgentSessionAdmin",
@@ -55,7 +57,6 @@ logger = logging.getLogger("qwenweb.admin")
 
 INLINE_LIMIT: Final = 50
 """Rows shown per inline on the session page (the full lists are one click away)."""
-LIVE_TIMEOUT_S: Final = 5.0
 _T = TypeVar("_T")
 
 
@@ -64,8 +65,9 @@ def _live_stats(request: HttpRequest, session_ids: Any = None) -> Mapping[str, B
     unavailable, with a message saying why."""
     stats, problem = _read_live_stats(session_ids)
     if problem is not None:
-        # With Redis the figures of every other process are missing, not just late ones.
-        report = messages.error if runtime.using_redis() else messages.warning
+        # With several processes the figures of every other one are missing, not just late.
+        shared = get_backend().supports_multiple_processes
+        report = messages.error if shared else messages.warning
         report(request, f"{problem}: numbers are the saved ones.")
     return stats
 
@@ -73,24 +75,18 @@ def _live_stats(request: HttpRequest, session_ids: Any = None) -> Mapping[str, B
 def _read_live_stats(session_ids: Any = None) -> tuple[Mapping[str, BusStats], str | None]:
     """``(stats, None)``, or ``({}, why not)``; never raises for an unavailable source.
 
-    Memory backend: ``bus.stats()`` of the sessions loaded here, read on the server loop.
-    Redis backend: the sums over every live server process (EB-10 in each).
+    ``bus.stats()`` of the sessions loaded here, read on the server loop, or (several
+    processes) the sums over every live server process (EB-10 in each).
     """
-    if not runtime.using_redis():
-        try:
-            stats: Mapping[str, BusStats] = runtime.call_on_server_loop(
-                lambda: runtime.live_stats(session_ids), default={}, timeout_s=LIVE_TIMEOUT_S
-            )
-        except TimeoutError:
-            return {}, "The server loop did not answer"
-        return stats, None
+    backend = get_backend()
     try:
-        return runtime.operator_stats_blocking(session_ids), None
+        return backend.operator_stats_blocking(session_ids), None
     except TimeoutError:
         return {}, "The server loop did not answer"
-    except runtime.BackendUnavailableError as exc:
+    except BackendUnavailableError as exc:
         logger.warning("admin_live_numbers_unavailable error=%s", exc)
-        return {}, "Redis is unavailable, so the other server processes' numbers are unknown"
+        why = f"{backend.store_label} is unavailable, so the other server processes' numbers"
+        return {}, f"{why} are unknown"
 
 
 def _ring_fill(stats: BusStats) -> str:
@@ -288,18 +284,19 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def live_numbers(self, obj: AgentSession) -> str:
         """The loaded bus's statistics snapshot as a small table, or a note if not loaded.
 
-        With the Redis backend: the sums over every server process (see :mod:`runtime`).
+        With several processes: the sums over every server process.
         """
         found, problem = _read_live_stats([obj.id])
         stats = found.get(obj.id)
         if problem is not None:
             return f"{problem}: the saved counters below are the latest known"
+        shared = get_backend().supports_multiple_processes
         if stats is None:
-            where = "this process or any other" if runtime.using_redis() else "this process"
+            where = "this process or any other" if shared else "this process"
             return f"not loaded in {where}: the saved counters below are the latest"
         rows: list[tuple[str, Any]] = []
         peak = "peak subscribers"
-        if runtime.using_redis():
+        if shared:
             rows.append(("source", "sum over every live server process"))
             peak = "peak subscribers (sum of each process's peak)"
         rows += [
@@ -337,9 +334,11 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def close_sessions(self, request: HttpRequest, queryset: QuerySet[AgentSession]) -> None:
         """Close each open session as ``POST /session/<id>/close`` does (on the server loop).
 
-        With the Redis backend ``session_closed`` goes through Redis to every process,
-        so this needs a server loop here: the request's is adopted if need be.
+        With several processes ``session_closed`` goes through the shared store to every
+        process, so this needs a server loop here: the request's is adopted if need be.
         """
+        backend = get_backend()
+        shared = backend.supports_multiple_processes
         by = request.user.get_username()
         closed = 0
         failed: list[str] = []
@@ -347,26 +346,26 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             try:
                 _run_action(
                     functools.partial(
-                        runtime.close_session, row.id, reason="operator", closed_by=by
+                        backend.close_session, row.id, reason="operator", closed_by=by
                     )
                 )
-            except runtime.ServerLoopUnavailableError:
-                if runtime.using_redis():  # other processes would never hear of it
+            except ServerLoopUnavailableError:
+                if shared:  # other processes would never hear of it
                     failed.append(f"{row.id} (no server event loop in this process)")
                     continue
                 # No bus was ever built in this process, so nobody is subscribed here.
                 AgentSession.objects.filter(pk=row.id, status=AgentSession.Status.OPEN).update(
                     status=AgentSession.Status.CLOSED, closed_at=timezone.now()
                 )
-            except runtime.SessionClosedError:
+            except SessionClosedError:
                 continue
-            except (runtime.BackendUnavailableError, TimeoutError) as exc:
+            except (BackendUnavailableError, TimeoutError) as exc:
                 logger.warning("admin_close_failed session=%s error=%s", row.id, exc)
                 failed.append(f"{row.id} ({_why(exc)})")
                 continue
             closed += 1
             logger.info("admin_session_closed session=%s by=%s", row.id, by)
-        everywhere = " in every server process" if runtime.using_redis() and closed else ""
+        everywhere = " in every server process" if shared and closed else ""
         self.message_user(request, f"Closed {closed} session(s){everywhere}.", messages.SUCCESS)
         if failed:
             self.message_user(
@@ -379,37 +378,14 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def disconnect_all_subscribers(
         self, request: HttpRequest, queryset: QuerySet[AgentSession]
     ) -> None:
-        """End every subscriber with a terminal ``stream_error`` (``bus.disconnect_all``).
+        """End every subscriber with a terminal ``stream_error`` (``bus.disconnect_all``),
+        here and (several processes) through a control message to every other process.
 
-        Clients reconnect by themselves after their ``retry``; the sessions stay open.
+        Clients reconnect by themselves after their ``retry``; the sessions stay open. The
+        other processes send no count back: the message says how many were told.
         """
-        if runtime.using_redis():
-            self._disconnect_everywhere(request, queryset)
-            return
-        by = request.user.get_username()
-        total = 0
-        for row in queryset:
-            try:
-                count = runtime.run_on_server_loop(
-                    functools.partial(
-                        runtime.disconnect_subscribers, row.id, reason=f"operator {by}"
-                    )
-                )
-            except runtime.ServerLoopUnavailableError:
-                count = 0
-            total += count
-            logger.info(
-                "admin_subscribers_disconnected session=%s count=%d by=%s", row.id, count, by
-            )
-        self.message_user(request, f"Disconnected {total} subscriber(s).", messages.SUCCESS)
-
-    def _disconnect_everywhere(
-        self, request: HttpRequest, queryset: QuerySet[AgentSession]
-    ) -> None:
-        """The Redis backend's disconnect: here, and a control message to every process.
-
-        The other processes send no count back: the message says how many were told.
-        """
+        backend = get_backend()
+        shared = backend.supports_multiple_processes
         by = request.user.get_username()
         here = 0
         told = 0
@@ -418,16 +394,20 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             try:
                 done = _run_action(
                     functools.partial(
-                        runtime.disconnect_everywhere, row.id, reason=f"operator {by}"
+                        backend.disconnect_everywhere, row.id, reason=f"operator {by}"
                     )
                 )
-            except (runtime.ServerLoopUnavailableError, TimeoutError) as exc:
+            except (ServerLoopUnavailableError, TimeoutError) as exc:
+                if not shared and isinstance(exc, ServerLoopUnavailableError):
+                    continue  # no bus was ever built here: nobody to disconnect
                 logger.warning("admin_disconnect_failed session=%s error=%s", row.id, exc)
                 failed.append(f"{row.id} ({_why(exc)})")
                 continue
             here += done.here
             if done.told is None:
-                failed.append(f"{row.id} (Redis is unavailable: no other process was told)")
+                failed.append(
+                    f"{row.id} ({backend.store_label} is unavailable: no other process was told)"
+                )
             else:
                 told = max(told, done.told)
             logger.info(
@@ -437,29 +417,33 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 done.told,
                 by,
             )
-        self.message_user(
-            request,
-            f"Disconnected {here} subscriber(s) in this process; told {told} other server "
-            "process(es) to disconnect theirs.",
-            messages.SUCCESS,
-        )
+        if shared:
+            text = (
+                f"Disconnected {here} subscriber(s) in this process; told {told} other server "
+                "process(es) to disconnect theirs."
+            )
+        else:
+            text = f"Disconnected {here} subscriber(s)."
+        self.message_user(request, text, messages.SUCCESS)
         if failed:
             self.message_user(request, f"Not done everywhere: {'; '.join(failed)}.", messages.ERROR)
 
 
 def _run_action(coroutine: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """Run an action on the server loop; with Redis, adopt the request's loop if none.
+    """Run an action on the server loop; with several processes, adopt the request's loop
+    if this process has none (the action must reach the others).
 
-    Raises what :func:`runtime.run_on_server_loop` raises.
+    Raises what :meth:`ServerLoop.run` raises.
     """
-    if runtime.using_redis():
-        runtime.adopt_request_loop()
-    return runtime.run_on_server_loop(coroutine)
+    backend = get_backend()
+    if backend.supports_multiple_processes:
+        backend.loop.adopt_request_loop()
+    return backend.loop.run(coroutine)
 
 
 def _why(exc: BaseException) -> str:
-    if isinstance(exc, runtime.BackendUnavailableError):
-        return "Redis is unavailable"
+    if isinstance(exc, BackendUnavailableError):
+        return f"{get_backend().store_label} is unavailable"
     if isinstance(exc, TimeoutError):
         return "the server did not answer in time"
     return "no server event loop in this process"

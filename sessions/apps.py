@@ -1,4 +1,10 @@
-"""The sessions app: live agent sessions streamed over SSE."""
+"""The sessions app: live agent sessions streamed over SSE.
+
+``ready()`` wires the operator side to what the inner layers announce: the records
+writer, the dashboard feed and the lifecycle listen to :data:`sessions.hooks.hooks`, and
+the feed hears of new sessions through ``post_save``. Nothing in the bus, wire format,
+backends, runtime or transport imports them.
+"""
 
 from django.apps import AppConfig
 
@@ -12,7 +18,18 @@ class SessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from sessions import (
-            checks,  # noqa: F401  (registers the system checks)
-            dashboard,  # noqa: F401  (connects the session_opened signal)
+        from django.db.models.signals import post_save
+
+        from sessions import checks  # noqa: F401  (registers the system checks)
+        from sessions.hooks import hooks
+        from sessions.models import AgentSession
+        from sessions.ops import dashboard, lifecycle
+        from sessions.ops.feed import feed
+        from sessions.ops.records import recorder
+
+        hooks.connect(recorder)
+        hooks.connect(feed)
+        hooks.connect(lifecycle.listener)
+        post_save.connect(
+            dashboard.session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created"
         )

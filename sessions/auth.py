@@ -4,25 +4,38 @@ A token is ``signing.dumps({"sid": <session id>, "scp": [<scope>, ...], "sub": <
 salt=TOKEN_SALT)``: salted, timestamped, and checked with ``max_age`` (the
 ``TOKEN_LIFETIME_S`` setting) on every use. Scopes: ``read`` (stream and load a session),
 ``publish`` (publish into and close it) and ``create`` (create sessions; its ``sid`` is
-``"*"``). Spec: EB-12 and section 5.
+``"*"``). Rules: EB-12 and docs/protocol.md, "Endpoints".
+
+The access policy lives here, once, for the stream route, the API views, the pages and
+the dashboard: :func:`authenticate` says who is calling (a bearer token, or an *active*
+logged-in user), :func:`check_access` whether they may act on a session (the token
+grants it, or the user owns the session or is active staff; a session without an owner
+is for staff only), :func:`is_operator` whether a user is active staff.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from django.core import signing
 
 from sessions.conf import get_config
+from sessions.errors import ApiError
 
 __all__ = [
     "ANY_SESSION",
     "SCOPES",
     "TOKEN_SALT",
+    "Principal",
     "TokenClaims",
     "TokenError",
+    "authenticate",
+    "can_view",
+    "check_access",
+    "check_token_scope",
+    "is_operator",
     "issue_token",
     "parse_bearer",
     "verify_token",
@@ -116,3 +129,99 @@ def parse_bearer(header: str | bytes | None) -> str:
     if not token or " " in token:
         raise TokenError("malformed bearer token")
     return token
+
+
+# -- the access policy ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a verified token's claims, or an active logged-in user.
+
+    ``user_id`` and ``is_staff`` are None/False for a token; ``name`` is the token's
+    subject or the user name.
+    """
+
+    claims: TokenClaims | None
+    user_id: int | None
+    is_staff: bool
+    name: str
+
+    @property
+    def auth(self) -> str:
+        """``"token"`` or ``"login"`` (what the connection records call it)."""
+        return "token" if self.claims is not None else "login"
+
+
+AUTHENTICATION_REQUIRED: Final = "authentication required: send Authorization: Bearer <token>"
+
+
+def is_operator(user: Any) -> bool:
+    """Return whether ``user`` is an active staff user (operators). Never raises."""
+    return bool(
+        user is not None
+        and getattr(user, "is_authenticated", False)
+        and getattr(user, "is_active", False)
+        and getattr(user, "is_staff", False)
+    )
+
+
+def can_view(user: Any, owner_id: int | None) -> bool:
+    """Return whether the logged-in ``user`` may see a session owned by ``owner_id``:
+    active staff, or its active owner (a session without an owner is staff-only)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return False
+    if not getattr(user, "is_active", False):
+        return False
+    return bool(user.is_staff or (owner_id is not None and owner_id == user.pk))
+
+
+async def authenticate(
+    authorization: str | bytes | None, load_user: Callable[[], Awaitable[Any]]
+) -> Principal:
+    """Return who is calling (EB-12): the bearer token of ``authorization`` when given,
+    else the logged-in user that ``load_user()`` returns (None or anonymous: nobody).
+
+    Raises:
+        ApiError: 401 ``unauthorized`` for a bad or expired token, or for nobody (an
+            inactive user counts as nobody).
+    """
+    if authorization is not None:
+        try:
+            claims = verify_token(parse_bearer(authorization))
+        except TokenError as exc:
+            raise ApiError(401, "unauthorized", str(exc)) from None
+        return Principal(claims, None, False, claims.subject)
+    user = await load_user()
+    if (
+        user is None
+        or not getattr(user, "is_authenticated", False)
+        or not getattr(user, "is_active", False)
+    ):
+        raise ApiError(401, "unauthorized", AUTHENTICATION_REQUIRED)
+    return Principal(None, user.pk, bool(user.is_staff), user.get_username())
+
+
+def check_token_scope(principal: Principal, session_id: str, scope: str) -> None:
+    """For a token: raise a 403 unless it grants ``scope`` on ``session_id``.
+
+    Called before anything is loaded, so a token learns nothing about sessions it has
+    no access to. Does nothing for a logged-in user (their check needs the owner).
+    """
+    if principal.claims is not None and not principal.claims.grants(session_id, scope):
+        raise ApiError(403, "forbidden", f"this token does not grant {scope} access here")
+
+
+def check_access(principal: Principal, session_id: str, owner_id: int | None, scope: str) -> None:
+    """Raise a 403 unless ``principal`` may use ``scope`` on the session.
+
+    A token must grant it; a user must be staff or the session's owner (``owner_id``;
+    None: nobody owns it, staff only).
+
+    Raises:
+        ApiError: 403 ``forbidden``.
+    """
+    if principal.claims is not None:
+        check_token_scope(principal, session_id, scope)
+    elif not (principal.is_staff or (owner_id is not None and owner_id == principal.user_id)):
+        raise ApiError(403, "forbidden", "only the session's owner or staff may do this")

@@ -1,6 +1,7 @@
 """The event bus settings: one dict, ``settings.QWENWEB``, overridable from the environment.
 
-Spec: ``shared/spec/event-bus.md`` section 6. :func:`get_config` returns a frozen
+Rules: docs/protocol.md, "Errors and limits". Every default is defined here, once (the bus's
+own limits come from :mod:`sessions.bus`). :func:`get_config` returns a frozen
 :class:`QwenwebConfig`; ``checks.py`` reports bad values at start-up (``manage.py check``,
 ``runserver``) with the allowed range, and :func:`get_config` raises
 ``ImproperlyConfigured`` with the same message if one slips through.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -18,7 +20,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from sessions.bus import MAX_EVENT_RING_SIZE, MAX_SAFE_INTEGER
+from sessions.bus import (
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_RING_SIZE,
+    MAX_EVENT_RING_SIZE,
+    MAX_SAFE_INTEGER,
+)
 
 __all__ = ["ENV_OVERRIDES", "QwenwebConfig", "config_errors", "get_config"]
 
@@ -42,9 +50,9 @@ ENV_OVERRIDES: Final = {
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
-    "RING_SIZE": 8000,
-    "MAX_SUBSCRIBERS": 64,
-    "MAX_QUEUED_BYTES": 2 * 1024 * 1024,
+    "RING_SIZE": DEFAULT_RING_SIZE,
+    "MAX_SUBSCRIBERS": DEFAULT_MAX_SUBSCRIBERS,
+    "MAX_QUEUED_BYTES": DEFAULT_MAX_QUEUED_BYTES,
     "HEARTBEAT_INTERVAL_S": 15.0,
     "WRITER_IDLE_TIMEOUT_S": 30.0,
     "TOKEN_LIFETIME_S": 3600,
@@ -75,7 +83,9 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_BATCH_SIZE": (int, 1, 100_000),
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
 }
-_BACKENDS: Final = ("memory", "redis")
+_BACKEND_ALIASES: Final = ("memory", "redis")
+# Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
+_DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://")
 
 
@@ -115,9 +125,12 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         f" (or ${ENV_OVERRIDES[key]})" if ENV_OVERRIDES.get(key) else ""
     )
     if key == "BACKEND":
-        if raw in _BACKENDS:
+        if raw in _BACKEND_ALIASES or (isinstance(raw, str) and _DOTTED_PATH.fullmatch(raw)):
             return raw, None
-        return None, f"{source} must be one of {', '.join(_BACKENDS)}; got {raw!r}"
+        return None, (
+            f"{source} must be one of {', '.join(_BACKEND_ALIASES)} or the dotted path of a "
+            f"Backend subclass; got {raw!r}"
+        )
     if key == "REDIS_URL":
         if isinstance(raw, str) and raw.startswith(_REDIS_SCHEMES):
             return raw, None

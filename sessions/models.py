@@ -21,7 +21,7 @@ class AgentSession(models.Model):
     blocks ahead of use, so a bus rebuilt after a restart starts at
     ``event_id_reserved + 1`` and answers every old cursor with
     ``state_resync_required`` instead of replaying events that merely share its numbers
-    (spec section 5, EB-1 ``start_id``, EB-7).
+    (docs/protocol.md, "Ids and epochs"; EB-1 ``start_id``, EB-7).
     """
 
     class Status(models.TextChoices):
@@ -82,9 +82,9 @@ def normalize_session_id(raw: str) -> str | None:
     return raw if str(parsed) == raw else None
 
 
-# -- operator records (issue 4) ----------------------------------------------------------
+# -- operator records --------------------------------------------------------------------
 #
-# Written in batches by `sessions.records` (never on the publish path or in a stream's
+# Written in batches by `sessions.ops.records` (never on the publish path or in a stream's
 # frame loop), pruned by `manage.py prune_records`.
 
 

@@ -1,4 +1,4 @@
-"""Database reads for async code: one call through ``database_sync_to_async`` each (issue 6).
+"""Database reads for async code: one call through ``database_sync_to_async`` each.
 
 Concurrency model
     Django's async ORM (``aget``, ``afirst``, ``request.auser()`` ...) runs each query with

@@ -1,34 +1,28 @@
-"""URLs of the session API (spec section 5)."""
+"""Every URL of the sessions app, in one list (docs/protocol.md, "Endpoints").
+
+``GET /session/<id>/events`` (the stream) is routed in front of Django by ``qwenweb.asgi``;
+the pattern here serves the other methods (``POST`` = publish) and names the URL.
+"""
 
 from django.urls import path
 
-from sessions import views
+from sessions.ops import dashboard
+from sessions.web import demo, pages, views
 
 urlpatterns = [
+    # The session API.
     path("capabilities", views.capabilities, name="capabilities"),
     path("session", views.create_session, name="session-create"),
     path("session/<str:session_id>", views.load_session, name="session-detail"),
     path("session/<str:session_id>/events", views.session_events, name="session-events"),
     path("session/<str:session_id>/close", views.close_session, name="session-close"),
     path("session/<str:session_id>/token", views.session_token, name="session-token"),
-]
-
-# The operator's pages (issue 3); appended so the API patterns above stay untouched.
-from sessions import pages  # noqa: E402
-
-urlpatterns += [
-    path("", pages.home, name="home"),
+    # The pages: `/` is the dashboard for staff and a redirect to the list for everyone else.
+    path("", dashboard.home, name="dashboard"),
     path("sessions/", pages.session_list, name="session-list"),
     path("sessions/<str:session_id>/", pages.session_page, name="session-page"),
-    path("sessions/<str:session_id>/demo", pages.start_demo, name="session-demo"),
-]
-
-# The operator dashboard and its live feed (issue 4). `/` is the dashboard for staff and
-# delegates to `pages.home` for everyone else, so it goes in front: the first match wins.
-from sessions import dashboard  # noqa: E402
-
-urlpatterns.insert(0, path("", dashboard.home, name="dashboard"))
-urlpatterns += [
+    path("sessions/<str:session_id>/demo", demo.start_demo, name="session-demo"),
+    # The operators' feed and records.
     path("ops/events/", dashboard.operator_events, name="operator-events"),
     path("ops/sessions/<str:session_id>/records", dashboard.session_records, name="ops-records"),
 ]

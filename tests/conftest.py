@@ -1,4 +1,4 @@
-"""Shared fixtures: a clean runtime registry per test, tokens, sessions.
+"""Shared fixtures: a fresh backend per test (built from settings on first use), tokens.
 
 With ``QWENWEB_BACKEND=redis`` (``make test-redis``) every test runs against the Redis
 backend: each in-process test gets a key prefix of its own and its Redis store is closed
@@ -14,35 +14,37 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
-from sessions import dashboard, lifecycle, records, runtime
+from sessions.backends import backends
 from sessions.conf import get_config
+from sessions.hooks import hooks
+from sessions.ops import lifecycle
+from sessions.ops.feed import feed
+from sessions.ops.records import recorder
 from tests.support import backend
 
 # The in-process tests run one event loop per test: the operator machinery (records
 # writer, dashboard feed, shutdown hooks) must not start on those loops and write at their
-# teardown. Tests of that machinery start what they need explicitly.
-lifecycle.enabled = False
+# teardown. Tests of that machinery connect the lifecycle listener themselves.
+hooks.disconnect(lifecycle.listener)
 
 
 @pytest.fixture(autouse=True)
-def _fresh_registry() -> Iterator[None]:
-    """Each test starts with no bus loaded: buses belong to one event loop (EB-11).
-
-    Also forgets the captured server loop and the operator records and feed in memory.
-    """
-    _forget_runtime_state()
+def _fresh_backend() -> Iterator[None]:
+    """Each test gets a backend of its own (no bus loaded, no server loop captured):
+    buses belong to one event loop (EB-11). Also forgets the operator records and feed."""
+    backends.set(None)
+    _forget_operator_state()
     yield
-    _forget_runtime_state()
+    _forget_operator_state()
 
 
-def _forget_runtime_state() -> None:
-    runtime.registry.clear()
-    runtime._server_loop = None
-    records.recorder.discard()
-    dashboard.feed.stop()
+def _forget_operator_state() -> None:
+    recorder.discard()
+    feed.stop()
+    hooks.shutting_down = False
 
 
-# -- the Redis backend (issue 6) -----------------------------------------------------------
+# -- the Redis backend ---------------------------------------------------------------------
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,7 +73,10 @@ CLOSE_STORE_WAIT_S = 10.0
 @pytest_asyncio.fixture
 async def _close_redis_store() -> AsyncIterator[None]:
     yield
-    closing = asyncio.ensure_future(runtime.close_backend())
+    current = backends.current
+    if current is None:
+        return
+    closing = asyncio.ensure_future(current.aclose())
     done, _ = await asyncio.wait({closing}, timeout=CLOSE_STORE_WAIT_S)
     if not done:
         pending = "\n".join(repr(task.get_stack()) for task in asyncio.all_tasks())
@@ -95,6 +100,7 @@ def _redis_key_prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Fail a test that leaves a Redis store open once its fixtures are torn down."""
     yield
-    store, runtime._store = runtime._store, None
+    dropped = backends.set(None)
+    store = getattr(dropped, "open_store", None)
     if store is not None:
         pytest.fail(f"{item.nodeid} left its Redis store open (loop {store.loop!r})")

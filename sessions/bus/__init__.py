@@ -1,27 +1,33 @@
-"""The session event bus: pure asyncio, imports nothing from Django (EB-1 ... EB-11)."""
+"""The session event bus: pure asyncio, imports nothing from Django or Redis (EB-1 ... EB-11).
 
-from sessions.bus.eventbus import (
-    DEFAULT_MAX_QUEUED,
-    DEFAULT_MAX_QUEUED_BYTES,
-    DEFAULT_MAX_SUBSCRIBERS,
-    DEFAULT_RING_SIZE,
-    EVENT_SCHEMA_VERSION,
-    MAX_EVENT_RING_SIZE,
-    MAX_SAFE_INTEGER,
-    WARN_RESET_RATIO,
-    WARN_THRESHOLD_RATIO,
-    BusStats,
-    EventBus,
+Modules: ``limits`` (every constant), ``frame`` (the envelope: docs/protocol.md, "Frames"),
+``queue`` (one subscriber's bounded queue, EB-3 ... EB-8), ``replay`` (EB-7), ``eventbus``
+(the bus, its concurrency model and overflow policy) and ``registry``.
+"""
+
+from sessions.bus.eventbus import BusStats, EventBus, SubscriberLimitExceededError
+from sessions.bus.frame import (
     Frame,
-    SubscriberLimitExceededError,
-    Subscription,
-    SubscriptionStats,
     disconnect_frame,
     encode_envelope,
     envelope_fields,
     is_valid_epoch,
     synthetic_frame,
 )
+from sessions.bus.limits import (
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_RING_SIZE,
+    EVENT_SCHEMA_VERSION,
+    MAX_EVENT_RING_SIZE,
+    MAX_QUEUED_MAX,
+    MAX_QUEUED_MIN,
+    MAX_SAFE_INTEGER,
+    WARN_RESET_RATIO,
+    WARN_THRESHOLD_RATIO,
+)
+from sessions.bus.queue import Subscription, SubscriptionStats
 from sessions.bus.registry import Registry
 
 __all__ = [
@@ -31,6 +37,8 @@ __all__ = [
     "DEFAULT_RING_SIZE",
     "EVENT_SCHEMA_VERSION",
     "MAX_EVENT_RING_SIZE",
+    "MAX_QUEUED_MAX",
+    "MAX_QUEUED_MIN",
     "MAX_SAFE_INTEGER",
     "WARN_RESET_RATIO",
     "WARN_THRESHOLD_RATIO",

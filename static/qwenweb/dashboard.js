@@ -1,4 +1,5 @@
-// qwenweb — the operator dashboard (templates/dashboard.html; server side: sessions/dashboard.py).
+// qwenweb — the operator dashboard (templates/dashboard.html; server side:
+// sessions/ops/dashboard.py and sessions/ops/feed.py).
 //
 // Reads the staff-only operator channel with the browser's EventSource (django-eventstream,
 // same origin, the login cookie): `stats` events carry every loaded session's counters

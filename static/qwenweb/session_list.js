@@ -2,7 +2,7 @@
  * session_list.js — the "New session" button of `/sessions/`.
  *
  * Posts `{title}` to `POST /session` with the login session and the CSRF header (the API
- * checks both, `sessions.views.create_session`), then opens the new session's page. Errors
+ * checks both, `sessions.web.views.create_session`), then opens the new session's page. Errors
  * are shown next to the button as text.
  */
 const form = document.getElementById("new-session");

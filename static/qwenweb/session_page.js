@@ -1,5 +1,5 @@
 /**
- * session_page.js — the live session page (`/sessions/<id>/`, issue 3).
+ * session_page.js — the live session page (`/sessions/<id>/`).
  *
  * One `SessionEventStream` (./sse.js, fetch + the hand-written parser) feeds three views:
  * the transcript rebuilt from `session_update` events, a log of frames (id, type, time;

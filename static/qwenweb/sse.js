@@ -4,8 +4,8 @@
  * The session page cannot use `EventSource` (it must send `Authorization: Bearer …`), so it
  * reads `GET /session/<id>/events` with `fetch()` and does by hand what `EventSource` would
  * do. This module has no DOM dependency: it runs unchanged in the browser and under Node 20
- * (`node --test tests/js/`). Rules cited as `SC-n` are in `shared/spec/sse-client.md`,
- * `EB-n` in `shared/spec/event-bus.md`; the parsing algorithm is WHATWG HTML §9.2.6.
+ * (`node --test tests/js/`). Rules cited as `SC-n` and `EB-n` are in `docs/protocol.md`
+ * (its rule index); the parsing algorithm is WHATWG HTML §9.2.6.
  *
  * Exports
  *

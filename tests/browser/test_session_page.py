@@ -1,6 +1,6 @@
-"""The session page in a real headless Chromium against real server processes (issue 3).
+"""The session page in a real headless Chromium against real server processes.
 
-Rules: SC-n of ``shared/spec/sse-client.md``, EB-n of ``shared/spec/event-bus.md``. The
+Rules: SC-n and EB-n of ``docs/protocol.md`` (its rule index). The
 page is driven as an operator would (admin login form, buttons); the server only over HTTP.
 """
 
@@ -84,7 +84,7 @@ def test_live_events_appear_in_order_as_one_agent_message_and_tool_card(
 def test_new_session_button_creates_an_owned_session_and_opens_its_page(
     page: Page, server: ServerProcess
 ) -> None:
-    # POST /session with the login session + CSRF header (section 5), then the page.
+    # POST /session with the login session + CSRF header (docs/protocol.md), then the page.
     SessionPage(page, RemoteSession(server.base_url, "")).login("/sessions/")
     page.fill("#new-session input[name=title]", "made in the browser")
     page.click("#new-session button")
@@ -168,7 +168,7 @@ def test_server_restart_with_same_database_recovers_without_duplicate_rows(
 def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
-    # Issue 6: the restarted server serves the same ids and epoch from Redis (EB-7 resume).
+    # The Redis backend: the restarted server serves the same ids and epoch (EB-7 resume).
     server = start_server("serve")
     session = RemoteSession.create(server.base_url)
     view = SessionPage(page, session).open(install_clock=True)

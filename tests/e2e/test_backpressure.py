@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.client import Publisher
+from sessions.cli.client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -48,7 +48,7 @@ PLAIN_DAPHNE = pytest.param(
     marks=pytest.mark.xfail(
         strict=True,
         reason="daphne's own send never waits for the socket, so nothing is ever evicted: "
-        "the reason qwenweb.flow_control exists (this case proves the test can fail)",
+        "the reason sessions.transport.flow_control exists (this case proves the test can fail)",
     ),
 )
 
@@ -114,8 +114,8 @@ async def test_stalled_reader_is_warned_then_evicted_and_sibling_gets_everything
 async def test_socket_that_takes_nothing_is_evicted_and_aborted_after_writer_idle_timeout(
     e2e_database: Path, tmp_path: Path
 ) -> None:
-    # Issue 5: no byte accepted for WRITER_IDLE_TIMEOUT_S while frames are pending → evict
-    # with reason writer_idle_timeout; the server then aborts the connection.
+    # Writer idle timeout: no byte accepted for WRITER_IDLE_TIMEOUT_S while frames are
+    # pending → evict with reason writer_idle_timeout; the server then aborts the connection.
     port = free_port()
     env = server_env(e2e_database, QWENWEB_WRITER_IDLE_TIMEOUT_S="1")
     server = ServerProcess(_argv("serve", port), port, env, tmp_path / "serve.log").start()

@@ -102,7 +102,7 @@ def test_demo_agent_streams_acp_shaped_updates(
 async def test_runserver_serves_the_stream_with_event_ring_size(
     e2e_database: Path, tmp_path: Path
 ) -> None:
-    # Section 6: `runserver --event-ring-size 5`; EB-7: a cursor behind the ring resyncs.
+    # `runserver --event-ring-size 5` (RING_SIZE); EB-7: a cursor behind the ring resyncs.
     port = free_port()
     argv = runserver_argv(port, "--event-ring-size", "5")
     server = ServerProcess(argv, port, server_env(e2e_database), tmp_path / "rs.log").start()
@@ -124,7 +124,7 @@ async def test_runserver_serves_the_stream_with_event_ring_size(
 
 @pytest.mark.parametrize("env", [{"QWENWEB_BACKEND": "bogus"}, {"QWENWEB_RING_SIZE": "0"}])
 def test_serve_refuses_to_start_with_bad_settings(env: dict[str, str], tmp_path: Path) -> None:
-    """The production entry point runs the system checks first (section 6): a bad value
+    """The production entry point checks the settings first (system checks): a bad value
     stops start-up with ``qwenweb.E001`` and exit status 1, like ``runserver``."""
     done = subprocess.run(
         serve_argv(free_port()),

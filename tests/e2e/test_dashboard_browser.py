@@ -1,4 +1,4 @@
-"""The operator dashboard and the admin in a real headless Chromium (issue 4).
+"""The operator dashboard and the admin in a real headless Chromium.
 
 Playwright's sync API drives Debian's ``/usr/bin/chromium`` (never ``playwright install``)
 against ``python -m qwenweb.serve`` in another process, driven over HTTP and raw sockets.
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from sessions.client import Publisher
+from sessions.cli.client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,

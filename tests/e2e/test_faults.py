@@ -1,4 +1,4 @@
-"""Faults on real sockets against the production entry point (issue 5, "Tests").
+"""Faults on real sockets against the production entry point.
 
 ``python -m qwenweb.serve`` (daphne with flow control) on 127.0.0.1, driven over HTTP only:
 
@@ -10,7 +10,7 @@
 - 1,000 concurrent publish requests get contiguous ids, none lost or duplicated, and a
   streaming reader sees exactly those ids in order (EB-2, EB-18);
 - a payload full of SSE framing characters arrives as exactly one event whose data equals
-  the input (section 2, EB-18).
+  the input (docs/protocol.md, "Frames"; EB-18).
 
 Every wait is bounded; every load loop is bounded in count and in time.
 """
@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from sessions.client import Publisher
-from sessions.sse import ServerSentEvent, SSEParser
+from sessions.cli.client import Publisher
+from sessions.wire import ServerSentEvent, SSEParser
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -203,7 +203,7 @@ def test_stopped_curl_is_evicted_within_caps_and_its_tail_is_the_eviction_frame(
         events = _parse(output)
         assert events[-1].type == "client_evicted"
         frame = json.loads(events[-1].data)
-        assert "id" not in frame  # a synthetic frame (section 2)
+        assert "id" not in frame  # a synthetic frame ("Frames")
         data = frame["data"]
         assert data["reason"] == "queue_overflow", data  # 16 frames of 4 KiB: far below 2 MiB
         assert data["maxQueued"] == 16
@@ -348,7 +348,7 @@ def test_thousand_connect_abort_cycles_leave_no_subscriber_fd_or_thread(
     assert settled, (fds_before, fds_after, threads_before, threads_after)
     # Tasks: no staff JSON endpoint exposes the server's task count. What stands in for it:
     # a stream handler still running at shutdown is recorded as `server_shutdown`
-    # (sessions.lifecycle); after a clean stop every record must say `client_disconnect`,
+    # (sessions.ops.lifecycle); after a clean stop every record must say `client_disconnect`,
     # one per stream that got its headers at least.
     own_serve.stop()
     assert own_serve.process is not None
@@ -425,7 +425,7 @@ async def test_thousand_concurrent_publishes_get_contiguous_ids_seen_in_order(
         reader.close()
 
 
-# -- framing injection (section 2, EB-18) -------------------------------------------------
+# -- framing injection ("Frames", EB-18) --------------------------------------------------
 
 INJECTIONS: dict[str, Any] = {
     "blank line then fields": "a\n\nevent: x\ndata: y",
@@ -446,7 +446,7 @@ INJECTIONS: dict[str, Any] = {
 async def test_payload_with_framing_characters_arrives_as_one_event_equal_to_input(
     serve: ServerProcess,
 ) -> None:
-    # Section 2 / EB-18: data is one compact JSON line; no payload can start a new field,
+    # "Frames" / EB-18: data is one compact JSON line; no payload can start a new field,
     # frame or event.
     session = RemoteSession.create(serve.base_url)
     reader = await open_stream(serve.port, session.events_path, session.read_token)

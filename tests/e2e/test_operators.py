@@ -1,4 +1,4 @@
-"""Operator records against real server processes (issue 4): evictions and clean shutdowns.
+"""Operator records against real server processes: evictions and clean shutdowns.
 
 - An eviction provoked over a real socket (``python -m qwenweb.serve``, ``maxQueued=16``,
   64 KiB events, a raw-socket client that stops reading: the recipe of
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from sessions.client import Publisher
+from sessions.cli.client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -207,7 +207,7 @@ async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
     start: Callable[..., ServerProcess], database: Path, sig: signal.Signals
 ) -> None:
     # uvicorn re-raises SIGTERM with its default action once it has shut down, which ends
-    # the process without atexit: only the signal hook of sessions.lifecycle can write.
+    # the process without atexit: only the signal hook of sessions.ops.lifecycle can write.
     server = start(uvicorn_argv, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
     session = RemoteSession.create(server.base_url)
     stream = await open_stream(server.port, session.events_path, session.read_token)

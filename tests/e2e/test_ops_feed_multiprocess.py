@@ -1,4 +1,4 @@
-"""The operator feed across server processes (issue 6): the Redis backend's own relay.
+"""The operator feed across server processes: the Redis backend's own relay.
 
 Deployment 1 is two ``python -m qwenweb.serve`` processes, A and B, on one SQLite file and
 the Redis at 127.0.0.1:6379 (``QWENWEB_TEST_REDIS_URL`` picks another, as in
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import redis
 
-from sessions.sse import ServerSentEvent
+from sessions.wire import ServerSentEvent
 from tests.support.backend import delete_run_keys
 from tests.support.server import (
     REPO,

@@ -1,4 +1,4 @@
-"""Redis faults under two server processes (issue 6, "failure behaviour").
+"""Redis faults under two server processes: the Redis backend's failure behaviour.
 
 Each test starts a *private* ``redis-server`` on a free port with its data directory in the
 test's ``tmp_path`` and two ``python -m qwenweb.serve`` processes (``QWENWEB_BACKEND=redis``)
@@ -9,7 +9,7 @@ pointing at it, then breaks that Redis on purpose:
   loses nothing;
 - Redis stopped and started again without persistence: an outage that loses everything.
 
-Issue 6 asks: Redis unreachable -> publish answers 503 with a clear error, open streams
+What must hold: Redis unreachable -> publish answers 503 with a clear error, open streams
 get ``stream_error`` and end, new streams get 503; when Redis returns everything resumes
 without a restart, and nothing published before the outage and still in the stream is
 lost. When Redis has lost a session's data, a new epoch starts above the database's
@@ -43,7 +43,7 @@ import pytest
 import pytest_asyncio
 import redis
 
-from sessions.sse import ServerSentEvent
+from sessions.wire import ServerSentEvent
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
@@ -366,7 +366,7 @@ def _assert_one_outage_logged(cluster: Cluster) -> None:
 async def test_flushdb_gives_epoch_reset_and_the_session_goes_on_above_the_mark(
     aof_cluster: Cluster, streams: Streams
 ) -> None:
-    """FLUSHDB: old cursors resync (EB-7), new ids start above the reserved mark (issue 6).
+    """FLUSHDB: old cursors resync (EB-7), new ids start above the reserved mark.
 
     With ``X-Event-Epoch`` the resync says ``epoch_reset`` / ``epoch_mismatch``. Without
     it the new epoch's ids are all above the cursor and none is kept below them, so our
@@ -427,7 +427,7 @@ async def test_flushdb_gives_epoch_reset_and_the_session_goes_on_above_the_mark(
 async def test_publish_right_after_flushdb_starts_a_new_epoch_above_the_mark(
     aof_cluster: Cluster, streams: Streams
 ) -> None:
-    """FLUSHDB, then a publish on a process whose mirror is stale (issue 6, EB-2, EB-7).
+    """FLUSHDB, then a publish on a process whose mirror is stale (EB-2, EB-7).
 
     The publish script finds no epoch: the process drops its mirror (its streams end),
     starts the new epoch above the reserved mark and answers 200 with its first id. The
@@ -466,7 +466,7 @@ async def test_publish_right_after_flushdb_starts_a_new_epoch_above_the_mark(
 async def test_redis_outage_with_aof_answers_503_then_resumes_without_loss(
     aof_cluster: Cluster, streams: Streams
 ) -> None:
-    """Redis stopped mid-run, then started again on the same port and data (issue 6).
+    """Redis stopped mid-run, then started again on the same port and data.
 
     While it is down: publish answers 503 ``backend_unavailable`` with ``Retry-After``,
     each open stream gets one ``stream_error`` (code ``backend_unavailable``, EB-19) and
@@ -519,7 +519,7 @@ async def test_redis_outage_with_aof_answers_503_then_resumes_without_loss(
 async def test_redis_restart_without_persistence_resyncs_and_publish_goes_on(
     volatile_cluster: Cluster, streams: Streams
 ) -> None:
-    """Redis restarted empty (no AOF): an outage that loses the data (issue 6, EB-7).
+    """Redis restarted empty (no AOF): an outage that loses the data (EB-7).
 
     Open streams end with ``stream_error``; once Redis is back, publish answers 200 with a
     new epoch whose ids start above the reserved mark, and old cursors resync with
@@ -570,7 +570,7 @@ async def test_full_redis_answers_503_and_publishing_resumes_when_memory_frees(
 ) -> None:
     """A full Redis (maxmemory reached, policy noeviction) refuses writes: publish answers
     503 ``backend_unavailable`` (a clear error, not a 500) and nothing is issued; once it
-    has room again, ids continue without a gap (issue 6, failure behaviour)."""
+    has room again, ids continue without a gap."""
     session = RemoteSession.create(volatile_cluster.a.base_url)
     first_id, epoch = _publish_ok(volatile_cluster.a, session)
     client = volatile_cluster.redis.client()
@@ -593,7 +593,7 @@ async def test_redis_restored_from_an_older_snapshot_never_reissues_ids(
     """Redis restarts from an RDB snapshot older than what it gave out (ids 4..6 were
     issued after the snapshot): the same epoch would hand out 4, 5, 6 again and a client
     at cursor 6 would silently miss them. Instead a new epoch starts above the reserved
-    mark and the cursor resyncs (EB-7, issue 6)."""
+    mark and the cursor resyncs (EB-7)."""
     cluster = volatile_cluster
     session = RemoteSession.create(cluster.a.base_url)
     reader = await streams.live(cluster.b, session)
@@ -628,7 +628,7 @@ async def test_busy_redis_answers_503_and_the_reader_survives(
 ) -> None:
     """A script running too long makes Redis answer ``BUSY`` to everything: publish answers
     503 (not a 500), and the reader task of each process survives it, so once the script is
-    killed a live stream gets the next event (issue 6, failure behaviour)."""
+    killed a live stream gets the next event."""
     cluster = volatile_cluster
     session = RemoteSession.create(cluster.a.base_url)
     _publish_ok(cluster.a, session)

@@ -1,4 +1,4 @@
-"""The admin across server processes (issue 6): cluster counts and actions that reach all.
+"""The admin across server processes: cluster counts and actions that reach all.
 
 Two (or three) ``python -m qwenweb.serve`` processes with ``QWENWEB_BACKEND=redis``, one
 SQLite file with a staff user, and a Redis key prefix of their own at 127.0.0.1:6379 (its
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.sse import ServerSentEvent
+from sessions.wire import ServerSentEvent
 from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RawSSEClient,

@@ -1,4 +1,4 @@
-"""Several server processes sharing sessions through the machine's Redis (issue 6).
+"""Several server processes sharing sessions through the machine's Redis.
 
 Two ``python -m qwenweb.serve`` processes on 127.0.0.1 with ``QWENWEB_BACKEND=redis``, one
 SQLite file and a key prefix of their own (so the shared Redis at 127.0.0.1:6379 is never
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sessions.sse import ServerSentEvent
+from sessions.wire import ServerSentEvent
 from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RemoteSession,

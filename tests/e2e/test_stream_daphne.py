@@ -121,7 +121,8 @@ async def test_idle_streams_add_no_server_threads(daphne_server: ServerProcess) 
 async def test_restart_answers_old_cursor_with_resync_never_reused_ids(
     e2e_database, tmp_path
 ) -> None:
-    # Spec section 5 / EB-7: after a restart ids continue above every id issued before.
+    # docs/protocol.md, "Ids and epochs" / EB-7: after a restart ids continue above every id
+    # issued before.
     port = free_port()
     server = ServerProcess(daphne_argv(port), port, server_env(e2e_database), tmp_path / "d.log")
     server.start()
@@ -147,7 +148,7 @@ async def test_restart_answers_old_cursor_with_resync_never_reused_ids(
 
 @pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
 async def test_restart_with_redis_resumes_the_old_cursor_exactly(e2e_database, tmp_path) -> None:
-    # Issue 6: ids, epoch and the ring live in Redis; a restarted server serves them on.
+    # The Redis backend: ids, epoch and the ring live in Redis; a restarted server serves them on.
     port = free_port()
     server = ServerProcess(daphne_argv(port), port, server_env(e2e_database), tmp_path / "d.log")
     server.start()

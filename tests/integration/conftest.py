@@ -27,10 +27,12 @@ from django.db import connections
 from django.test import AsyncClient
 
 from qwenweb.asgi import application
-from sessions import runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
+from sessions.backends.base import LiveSession
 from sessions.models import AgentSession
-from sessions.sse import ServerSentEvent, SSEParser
+from sessions.wire import ServerSentEvent, SSEParser
+from tests.support import backend
 
 WAIT_S = 2.0
 """Upper bound for any single wait on the application (a message, the app ending)."""
@@ -171,7 +173,7 @@ async def close(session_id: str, token: str | None = None) -> Response:
 
 def live_bus(session_id: str) -> Any:
     """The bus of a loaded session in this process (the test runs on the server's loop)."""
-    live = runtime.registry.get(session_id)
+    live = get_backend().registry.get(session_id)
     assert live is not None, f"session {session_id} is not loaded"
     return live.bus
 
@@ -335,7 +337,7 @@ def _close_connections_of_asgiref_thread() -> Iterator[None]:
     runs in asgiref's one process-wide thread and leaves its connection open there until
     some later ``database_sync_to_async`` call happens to run in that thread: after the
     last test, PostgreSQL refuses to drop the test database ("is being accessed by other
-    users", issue 6). The application never does this (``sessions.queries``,
+    users"). The application never does this (``sessions.queries``,
     ``test_db_connections.py``), nor do the helpers below; a test may.
     """
     yield
@@ -409,39 +411,48 @@ async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
     queue exactly as they would behind a client that stops reading (EB-3, EB-4).
     Memory backend: published on the bus directly (no await). Redis backend: published
     through Redis while this process's reader does not watch the session, then handed to
-    the mirror in one reader callback (``runtime._on_entries``), as one ``XREAD`` would.
+    the mirror in one reader callback (``RedisBackend._on_entries``), as one ``XREAD`` would.
     """
-    live = runtime.registry.get(session_id)
+    live = get_backend().registry.get(session_id)
     assert live is not None, f"session {session_id} is not loaded"
     events = [{"type": event_type, "data": {"n": n}} for n in range(count)]
-    if not runtime.using_redis():
+    if not get_backend().supports_multiple_processes:
         for event in events:
-            assert runtime.publish_nowait(live, event) is not None
+            assert backend.as_memory().publish_nowait(live, event) is not None
         return
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     after = live.bus.last_event_id
     store.unwatch(session_id)
     try:
         for event in events:
-            assert await runtime.publish(live, event) is not None
+            assert await get_backend().publish(live, event) is not None
         window = await store.window(session_id)
-        runtime._on_entries(session_id, [entry for entry in window.entries if entry[0] > after])
+        backend.as_redis()._on_entries(
+            session_id, [entry for entry in window.entries if entry[0] > after]
+        )
     finally:
         store.watch(session_id, live.bus.last_event_id)
     assert live.bus.last_event_id == after + count
 
 
-async def publish_here(live: runtime.LiveSession, event: dict[str, Any]) -> int:
-    """Publish through the runtime (either backend); return once this process's bus has it.
+async def publish_here(live: LiveSession, event: dict[str, Any]) -> int:
+    """Publish through the backend (either one); return once this process's bus has it.
 
     With the Redis backend the event reaches the local bus through the reader task.
     """
-    published = await runtime.publish(live, event)
+    published = await get_backend().publish(live, event)
     assert published is not None
     async with asyncio.timeout(WAIT_S):
         while live.bus.last_event_id < published.id:
-            await live._advanced.wait()
+            await _advanced(live).wait()
     return published.id
+
+
+def _advanced(live: LiveSession) -> asyncio.Event:
+    from sessions.backends.redis import RedisLiveSession
+
+    assert isinstance(live, RedisLiveSession), live
+    return live._advanced
 
 
 def assert_error(response: Response | Stream, status: int, code: str) -> dict[str, Any]:

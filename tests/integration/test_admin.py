@@ -21,10 +21,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions import runtime
+from sessions.backends import get_backend
+from sessions.backends.base import LiveSession, SessionClosedError
 from sessions.bus import BusStats, Subscription
 from sessions.models import AgentSession, SubscriberIncident
-from sessions.records import Batch, write_batch
+from sessions.ops.records import Batch, write_batch
 from tests.integration.conftest import publish_here
 from tests.support.backend import USING_REDIS, close_backend_on, memory_only
 
@@ -62,12 +63,12 @@ def await_on_loop(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any
     return asyncio.run_coroutine_threadsafe(coroutine, loop).result(WAIT_S)
 
 
-def load(loop: asyncio.AbstractEventLoop, session_id: str) -> runtime.LiveSession:
+def load(loop: asyncio.AbstractEventLoop, session_id: str) -> LiveSession:
     """Build the session's bus on the server loop (which the runtime then captures)."""
-    return await_on_loop(loop, runtime.get_live_session(session_id))
+    return await_on_loop(loop, get_backend().get_live_session(session_id))
 
 
-def stats(loop: asyncio.AbstractEventLoop, live: runtime.LiveSession) -> BusStats:
+def stats(loop: asyncio.AbstractEventLoop, live: LiveSession) -> BusStats:
     return on_loop(loop, live.bus.stats)
 
 
@@ -182,10 +183,10 @@ def test_close_action_closes_the_bus_on_the_server_loop(server_loop, staff):
         True,
         "closed",
     )
-    with pytest.raises(runtime.SessionClosedError):
+    with pytest.raises(SessionClosedError):
         load(server_loop, sid)
     if not USING_REDIS:  # (a closed Redis mirror is unloaded later, with the idle ones)
-        assert runtime.registry.get(sid) is None
+        assert get_backend().registry.get(sid) is None
 
 
 @memory_only(

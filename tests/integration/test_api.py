@@ -1,6 +1,7 @@
-"""The JSON endpoints of spec section 5, through the real ASGI application.
+"""The JSON endpoints of ``docs/protocol.md`` ("Endpoints"), through the real ASGI application.
 
-Every 4xx answer is JSON ``{"error": ..., "code": ...}`` (``sessions.views``).
+Each test names the endpoint (a subsection of "Endpoints") and the rules it checks. Every
+4xx answer is JSON ``{"error": ..., "code": ...}`` (``sessions.web.responses``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 def _creator() -> dict[str, str]:
-    """Headers of a service that holds a ``create`` token (section 5 POST /session)."""
+    """Headers of a service that holds a ``create`` token (POST /session)."""
     return bearer(issue_token("*", ["create"]))
 
 
@@ -42,7 +43,7 @@ def _nested(depth: int) -> object:
 
 
 async def test_create_with_create_token_is_201_with_id_urls_and_tokens(stream_of):
-    # section 5 POST /session
+    # POST /session
     response = await call("POST", "/session", headers=_creator(), json_body={})
     assert response.status == 201
     body = response.json()
@@ -56,7 +57,7 @@ async def test_create_with_create_token_is_201_with_id_urls_and_tokens(stream_of
 
 
 async def test_create_keeps_title_and_ring_size(make_session):
-    # section 5 POST /session
+    # POST /session
     response = await call(
         "POST", "/session", headers=_creator(), json_body={"title": "T", "ringSize": 2}
     )
@@ -69,20 +70,20 @@ async def test_create_keeps_title_and_ring_size(make_session):
 
 
 async def test_create_without_auth_is_401():
-    # section 5 POST /session, EB-12
+    # POST /session, EB-12
     response = await call("POST", "/session", json_body={})
     assert_error(response, 401, "unauthorized")
 
 
 async def test_create_with_read_token_is_403(make_session):
-    # section 5 POST /session
+    # POST /session
     token = issue_token(await make_session(), ["read"])
     response = await call("POST", "/session", headers=bearer(token), json_body={})
     assert_error(response, 403, "forbidden")
 
 
 async def test_create_by_logged_in_user_without_csrf_header_is_403_csrf_failed(make_user):
-    # section 5 POST /session: a browser request must pass the CSRF check
+    # POST /session: a browser request must pass the CSRF check
     cookie = await login_cookie(await make_user("alice"))
     headers = csrf_headers(cookie, with_header=False)
     response = await call("POST", "/session", headers=headers, json_body={})
@@ -90,7 +91,7 @@ async def test_create_by_logged_in_user_without_csrf_header_is_403_csrf_failed(m
 
 
 async def test_create_by_logged_in_user_with_csrf_makes_them_owner(make_user, open_stream):
-    # section 5 POST /session, EB-12 login-session auth
+    # POST /session, EB-12 login-session auth
     cookie = await login_cookie(await make_user("alice"))
     response = await call("POST", "/session", headers=csrf_headers(cookie), json_body={})
     assert response.status == 201
@@ -112,7 +113,7 @@ async def test_create_by_logged_in_user_with_csrf_makes_them_owner(make_user, op
     ],
 )
 async def test_create_with_bad_field_is_400_naming_it(body, field):
-    # section 5 POST /session
+    # POST /session
     response = await call("POST", "/session", headers=_creator(), json_body=body)
     assert assert_error(response, 400, "invalid_request")["field"] == field
 
@@ -121,7 +122,7 @@ async def test_create_with_bad_field_is_400_naming_it(body, field):
 
 
 async def test_load_returns_the_snapshot(make_session, stream_of):
-    # section 5 GET /session/<id>
+    # GET /session/<id>
     sid = await make_session(title="T")
     await publish_many(sid, 2)
     await stream_of(sid)
@@ -140,7 +141,7 @@ async def test_load_returns_the_snapshot(make_session, stream_of):
 
 
 async def test_load_starts_with_history_truncated_when_the_ring_dropped_events(make_session):
-    # section 5 GET /session/<id>
+    # GET /session/<id>
     sid = await make_session(ring_size=2)
     await publish_many(sid, 4)
     events = (await load(sid)).json()["events"]
@@ -149,14 +150,14 @@ async def test_load_starts_with_history_truncated_when_the_ring_dropped_events(m
 
 
 async def test_load_without_dropped_events_has_no_history_truncated(make_session):
-    # section 5 GET /session/<id>
+    # GET /session/<id>
     sid = await make_session(ring_size=2)
     await publish_many(sid, 2)
     assert [e["id"] for e in (await load(sid)).json()["events"]] == [1, 2]
 
 
 async def test_load_epoch_matches_the_stream_header(make_session, stream_of):
-    # section 5 GET /session/<id>, EB-17
+    # GET /session/<id>, EB-17
     sid = await make_session()
     stream = await stream_of(sid)
     assert (await load(sid)).json()["epoch"] == stream.headers["x-event-epoch"]
@@ -173,7 +174,7 @@ async def test_load_epoch_matches_the_stream_header(make_session, stream_of):
     ids=["no auth", "bad token", "publish-only token", "another session's token"],
 )
 async def test_load_refuses_callers_without_read_access(make_session, headers, status, code):
-    # section 5 GET /session/<id>, EB-12
+    # GET /session/<id>, EB-12
     sid = await make_session(title="secret title")
     response = await call("GET", f"/session/{sid}", headers=headers(sid))
     assert_error(response, status, code)
@@ -183,7 +184,7 @@ async def test_load_refuses_callers_without_read_access(make_session, headers, s
 
 @pytest.mark.parametrize("raw_id", ["new-uuid", "not-a-session"])
 async def test_load_of_unknown_or_malformed_session_is_404(raw_id):
-    # section 5 GET /session/<id>, EB-15
+    # GET /session/<id>, EB-15
     sid = str(uuid.uuid4()) if raw_id == "new-uuid" else raw_id
     assert_error(await load(sid), 404, "not_found")
 
@@ -192,20 +193,20 @@ async def test_load_of_unknown_or_malformed_session_is_404(raw_id):
 
 
 async def test_publish_returns_contiguous_ids(make_session):
-    # section 5 POST /session/<id>/events, section 2
+    # POST /session/<id>/events, "Frames"
     sid = await make_session()
     assert await publish_many(sid, 5) == [1, 2, 3, 4, 5]
 
 
 async def test_publish_returns_the_id_and_the_epoch(make_session):
-    # section 5 POST /session/<id>/events
+    # POST /session/<id>/events
     sid = await make_session()
     body = (await publish(sid, {"type": "a", "data": None})).json()
     assert body == {"id": 1, "epoch": (await load(sid)).json()["epoch"]}
 
 
 async def test_publish_with_read_token_is_403(make_session):
-    # section 5 POST /session/<id>/events
+    # POST /session/<id>/events
     sid = await make_session()
     response = await publish(sid, {"type": "a"}, issue_token(sid, ["read"]))
     assert_error(response, 403, "forbidden")
@@ -213,7 +214,7 @@ async def test_publish_with_read_token_is_403(make_session):
 
 
 async def test_publish_without_auth_is_401(make_session):
-    # section 5 POST /session/<id>/events, EB-12
+    # POST /session/<id>/events, EB-12
     sid = await make_session()
     response = await call("POST", f"/session/{sid}/events", json_body={"type": "a"})
     assert_error(response, 401, "unauthorized")
@@ -246,7 +247,7 @@ BAD_EVENT_BODIES = {
 
 @pytest.mark.parametrize(("body", "code", "field"), BAD_EVENT_BODIES.values(), ids=BAD_EVENT_BODIES)
 async def test_publish_bad_body_is_400_naming_the_field(make_session, body, code, field):
-    # section 5 POST /session/<id>/events: "bad body -> 400 with a field error"
+    # POST /session/<id>/events: "bad body -> 400 with a field error"
     sid = await make_session()
     headers = {**bearer(issue_token(sid, ["publish"])), "content-type": "application/json"}
     response = await call("POST", f"/session/{sid}/events", headers=headers, body=body)
@@ -256,7 +257,7 @@ async def test_publish_bad_body_is_400_naming_the_field(make_session, body, code
 
 
 async def test_publish_body_over_the_limit_is_413(make_session, qwenweb_settings):
-    # section 5 POST /session/<id>/events (PUBLISH_MAX_BODY_BYTES)
+    # POST /session/<id>/events (PUBLISH_MAX_BODY_BYTES)
     qwenweb_settings(PUBLISH_MAX_BODY_BYTES=64)
     sid = await make_session()
     response = await publish(sid, {"type": "a", "data": "x" * 64})
@@ -265,7 +266,7 @@ async def test_publish_body_over_the_limit_is_413(make_session, qwenweb_settings
 
 
 async def test_publish_body_at_the_limit_is_accepted(make_session, qwenweb_settings):
-    # section 5 POST /session/<id>/events (PUBLISH_MAX_BODY_BYTES)
+    # POST /session/<id>/events (PUBLISH_MAX_BODY_BYTES)
     qwenweb_settings(PUBLISH_MAX_BODY_BYTES=64)
     sid = await make_session()
     event = {"type": "a", "data": ""}
@@ -274,7 +275,7 @@ async def test_publish_body_at_the_limit_is_accepted(make_session, qwenweb_setti
 
 
 async def test_publish_keeps_caller_meta_timestamp_and_originator(make_session, stream_of):
-    # section 2, section 5 POST /session/<id>/events
+    # "Frames", POST /session/<id>/events
     sid = await make_session()
     stream = await stream_of(sid)
     event = {"type": "a", "data": [1], "_meta": {"serverTimestamp": 5, "k": "v"}}
@@ -285,7 +286,7 @@ async def test_publish_keeps_caller_meta_timestamp_and_originator(make_session, 
 
 
 async def test_publish_by_logged_in_owner_needs_the_csrf_header(make_session, make_user):
-    # section 5 POST /session/<id>/events: browser requests pass the CSRF check
+    # POST /session/<id>/events: browser requests pass the CSRF check
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     cookie, path = await login_cookie(owner), f"/session/{sid}/events"
@@ -298,14 +299,14 @@ async def test_publish_by_logged_in_owner_needs_the_csrf_header(make_session, ma
 
 
 async def test_publish_to_closed_session_is_409(make_session):
-    # section 5 POST /session/<id>/events
+    # POST /session/<id>/events
     sid = await make_session()
     await close(sid)
     assert_error(await publish(sid, {"type": "a"}), 409, "session_closed")
 
 
 async def test_publish_to_unknown_session_is_404():
-    # section 5 POST /session/<id>/events
+    # POST /session/<id>/events
     assert_error(await publish(str(uuid.uuid4()), {"type": "a"}), 404, "not_found")
 
 
@@ -313,7 +314,7 @@ async def test_publish_to_unknown_session_is_404():
 
 
 async def test_close_is_idempotent(make_session):
-    # section 5 POST /session/<id>/close
+    # POST /session/<id>/close
     sid = await make_session()
     await publish_many(sid, 2)
     first, second = (await close(sid)).json(), (await close(sid)).json()
@@ -322,7 +323,7 @@ async def test_close_is_idempotent(make_session):
 
 
 async def test_closed_session_stream_is_204_and_load_says_closed(make_session, stream_of):
-    # section 5 POST /session/<id>/close, EB-15
+    # POST /session/<id>/close, EB-15
     sid = await make_session()
     await close(sid)
     stream = await (await stream_of(sid)).read_to_end()
@@ -334,7 +335,7 @@ async def test_closed_session_stream_is_204_and_load_says_closed(make_session, s
 
 
 async def test_close_by_logged_in_owner_with_csrf(make_session, make_user):
-    # section 5 POST /session/<id>/close
+    # POST /session/<id>/close
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     headers = csrf_headers(await login_cookie(owner))
@@ -343,7 +344,7 @@ async def test_close_by_logged_in_owner_with_csrf(make_session, make_user):
 
 
 async def test_close_with_read_token_is_403(make_session):
-    # section 5 POST /session/<id>/close
+    # POST /session/<id>/close
     sid = await make_session()
     assert_error(await close(sid, issue_token(sid, ["read"])), 403, "forbidden")
     assert (await load(sid)).json()["status"] == "open"
@@ -357,7 +358,7 @@ async def _token(sid: str, headers: dict[str, str], body: object = None):
 
 
 async def test_token_for_logged_in_owner_opens_the_stream(make_session, make_user, stream_of):
-    # section 5 token, EB-12
+    # POST /session/<id>/token, EB-12
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     response = await _token(sid, csrf_headers(await login_cookie(owner)))
@@ -369,7 +370,7 @@ async def test_token_for_logged_in_owner_opens_the_stream(make_session, make_use
 
 
 async def test_token_with_publish_scope_publishes(make_session, make_user):
-    # section 5 token
+    # POST /session/<id>/token
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     headers = csrf_headers(await login_cookie(owner))
@@ -378,13 +379,13 @@ async def test_token_with_publish_scope_publishes(make_session, make_user):
 
 
 async def test_token_for_anonymous_is_401(make_session):
-    # section 5 token
+    # POST /session/<id>/token
     sid = await make_session()
     assert_error(await _token(sid, csrf_headers()), 401, "unauthorized")
 
 
 async def test_token_for_non_owner_is_403(make_session, make_user):
-    # section 5 token
+    # POST /session/<id>/token
     owner, stranger = await make_user("owner"), await make_user("stranger")
     sid = await make_session(owner=owner)
     response = await _token(sid, csrf_headers(await login_cookie(stranger)))
@@ -393,7 +394,7 @@ async def test_token_for_non_owner_is_403(make_session, make_user):
 
 @pytest.mark.parametrize("scope", ["write", "create", "", 5])
 async def test_token_with_bad_scope_is_400(make_session, make_user, scope):
-    # section 5 token
+    # POST /session/<id>/token
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     response = await _token(sid, csrf_headers(await login_cookie(owner)), {"scope": scope})
@@ -401,7 +402,8 @@ async def test_token_with_bad_scope_is_400(make_session, make_user, scope):
 
 
 async def test_token_without_csrf_header_is_403_json_csrf_failed(make_session, make_user):
-    # section 5 token (CSRF-protected), views.py: every 4xx is JSON with error and code
+    # POST /session/<id>/token (CSRF-protected); sessions.web.responses: every 4xx is JSON with
+    # error and code
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     headers = csrf_headers(await login_cookie(owner), with_header=False)
@@ -412,7 +414,7 @@ async def test_token_without_csrf_header_is_403_json_csrf_failed(make_session, m
 
 
 async def test_capabilities_shape():
-    # section 5 GET /capabilities
+    # GET /capabilities
     response = await call("GET", "/capabilities")
     body = response.json()
     assert response.status == 200
@@ -432,7 +434,7 @@ async def test_capabilities_shape():
     ],
 )
 async def test_wrong_method_is_405_json(make_session, method, path):
-    # section 5; views.py: every 4xx is JSON with error and code
+    # "Endpoints"; sessions.web.responses: every 4xx is JSON with error and code
     sid = await make_session()
     response = await call(method, path.format(sid=sid), headers=_creator())
     assert_error(response, 405, "method_not_allowed")

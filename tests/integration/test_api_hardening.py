@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 async def test_integers_beyond_64_bits_keep_their_exact_value(make_session):
-    # Section 2: data is any JSON value; orjson would read 2**70 as a float.
+    # docs/protocol.md, "Frames": data is any JSON value; orjson would read 2**70 as a float.
     session_id = await make_session()
     response = await call(
         "POST", f"/session/{session_id}/events",
@@ -103,12 +103,12 @@ async def test_closed_session_snapshot_has_the_open_shape(make_session):
 async def test_database_failure_is_503_json_not_500(make_session, monkeypatch):
     from django.db import OperationalError
 
-    from sessions import runtime
+    from sessions.backends import get_backend
 
     async def locked(session_id: str) -> None:
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(runtime, "get_live_session", locked)
+    monkeypatch.setattr(get_backend(), "get_live_session", locked)
     session_id = await make_session()
     assert_error(await load(session_id), 503, "unavailable")
 
@@ -127,25 +127,21 @@ async def test_requests_during_close_see_a_closed_session_never_a_new_bus(
     # Review finding: a request between bus.close() and the row update rebuilt an open bus.
     import asyncio
 
-    from channels.db import database_sync_to_async
-
-    from sessions import runtime
+    from sessions.backends import get_backend
 
     session_id = await make_session()
     assert (await publish(session_id, {"type": "t"})).status == 200
     row_written = asyncio.Event()
     release = asyncio.Event()
-    save = runtime._save_progress
+    backend = get_backend()
+    save = backend.save_progress
 
-    def slow_save(live, *args, **kwargs):
-        save(live, *args, **kwargs)
-
-    async def gated_save(live, *args, **kwargs):
+    async def gated_save(live, **fields):
         row_written.set()
         await release.wait()
-        await database_sync_to_async(slow_save)(live, *args, **kwargs)
+        await save(live, **fields)
 
-    monkeypatch.setattr(runtime, "database_sync_to_async", lambda fn: gated_save)
+    monkeypatch.setattr(backend, "save_progress", gated_save)
     closing = asyncio.create_task(close(session_id))
     async with asyncio.timeout(5):
         await row_written.wait()

@@ -18,10 +18,11 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser
 from django.test import AsyncClient, RequestFactory
 
-from sessions import dashboard, runtime
 from sessions.auth import issue_token
-from sessions.dashboard import OPERATOR_CHANNEL, OperatorChannelManager
+from sessions.backends import get_backend
 from sessions.models import AgentSession
+from sessions.ops import feed as operator_feed
+from sessions.ops.feed import OPERATOR_CHANNEL, OperatorChannelManager
 from tests.integration.conftest import (
     Stream,
     assert_error,
@@ -62,11 +63,11 @@ async def staff_cookie(make_user) -> str:
 
 
 @pytest_asyncio.fixture
-async def feed() -> dashboard.OperatorFeed:
+async def feed() -> operator_feed.OperatorFeed:
     """The process-wide feed, started on this test's loop (as the server loop would)."""
-    runtime.attach_server_loop()
-    dashboard.feed.start(asyncio.get_running_loop())
-    return dashboard.feed
+    get_backend().loop.attach()
+    operator_feed.feed.start(asyncio.get_running_loop())
+    return operator_feed.feed
 
 
 @pytest_asyncio.fixture
@@ -157,7 +158,7 @@ async def test_feed_stats_follow_the_bus(make_session, stream_of, operator_strea
     await stream_of(sid)
     await publish_many(sid, 3)
     await operator_stream.read_until(has_activity("subscriber_joined", session=sid))
-    rows = dashboard.feed.tick()
+    rows = operator_feed.feed.tick()
     (row,) = [r for r in rows if r["id"] == sid]
     assert (row["subscribers"], row["published"], row["lastEventId"]) == (1, 3, 3)
     await operator_stream.read_until(
@@ -184,8 +185,8 @@ async def test_feed_publishes_session_opened_and_closed(operator_stream, make_us
     created = await call("POST", "/session", headers=bearer(token), json_body={"title": "new one"})
     sid = created.json()["id"]
     await operator_stream.read_until(has_activity("session_opened", session=sid, title="new one"))
-    await runtime.get_live_session(sid)
-    await runtime.close_session(sid, reason="test")
+    await get_backend().get_live_session(sid)
+    await get_backend().close_session(sid, reason="test")
     await operator_stream.read_until(has_activity("session_closed", session=sid))
 
 
@@ -223,7 +224,7 @@ async def test_records_endpoint_is_for_staff(make_session, make_user, staff_cook
 async def test_records_endpoint_returns_the_exact_eviction_payload(
     make_session, stream_of, staff_cookie
 ):
-    from sessions import records
+    from sessions.ops import records
 
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
@@ -243,8 +244,8 @@ async def test_dashboard_view_reads_live_numbers_through_the_server_loop(
 ):
     # The sync view runs in a worker thread; the live rows come from the captured loop.
     sid = await make_session()
-    runtime.attach_server_loop()
-    live = await runtime.get_live_session(sid)
+    get_backend().loop.attach()
+    live = await get_backend().get_live_session(sid)
     live.bus.subscribe()
     client = AsyncClient()
     client.cookies.load(staff_cookie)

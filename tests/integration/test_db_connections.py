@@ -1,4 +1,4 @@
-"""No database connection stays open while a stream is open (issue 6).
+"""No database connection stays open while a stream is open.
 
 Django's async ORM leaves the connection it opens in an asgiref thread: the process-wide
 one outside a request, the request's own inside Django's handler, where a streaming
@@ -105,7 +105,7 @@ def connection_watch(monkeypatch: pytest.MonkeyPatch) -> ConnectionWatch:
 async def test_token_stream_holds_no_connection_while_open(
     make_session, stream_of, connection_watch
 ):
-    """Issue 6: the stream's checks read the session row; then no connection is held."""
+    """The stream's checks read the session row; then no connection is held."""
     sid = await make_session()
     stream = await stream_of(sid)
     await publish_many(sid, 2)
@@ -117,7 +117,7 @@ async def test_token_stream_holds_no_connection_while_open(
 async def test_login_stream_holds_no_connection_while_open(
     make_session, make_user, open_stream, connection_watch
 ):
-    """Issue 6: the login session and the user are read; then no connection is held."""
+    """The login session and the user are read; then no connection is held."""
     owner = await make_user("owner")
     sid = await make_session(owner=owner)
     cookie = await login_cookie(owner)
@@ -131,7 +131,7 @@ async def test_login_stream_holds_no_connection_while_open(
 async def test_operator_feed_holds_no_connection_while_open(
     make_user, open_stream, connection_watch
 ):
-    """Issue 6: Django's handler would keep what the view opened until the stream ends."""
+    """Django's handler would keep what the view opened until the stream ends."""
     cookie = await login_cookie(await make_user("root", is_staff=True))
     stream = await open_stream("/ops/events/", {"cookie": cookie})
     assert stream.status == 200

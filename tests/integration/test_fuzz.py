@@ -1,11 +1,11 @@
-"""Property tests over every request input (issue 5, "Hardening of every input").
+"""Property tests over every request input.
 
 Hypothesis generates ``Last-Event-ID``, ``X-Event-Epoch`` and ``Authorization`` header
 values, ``?maxQueued`` values and publish bodies, and sends them through the real ASGI
 application (``qwenweb.asgi``). Whatever comes in: never a 5xx, every 4xx is a JSON error
-(EB-12 ... EB-15, section 5), each valid value means exactly what the contract says, and
-a subscriber streaming the same session all along (the *watcher*) receives exactly the
-events that were accepted, in order, and nothing else.
+(EB-12 ... EB-15, docs/protocol.md "Endpoints"), each valid value means exactly what the
+protocol says, and a subscriber streaming the same session all along (the *watcher*)
+receives exactly the events that were accepted, in order, and nothing else.
 
 Header values are bytes in ASGI. The strategies produce arbitrary bytes, UTF-8 and
 latin-1 text (control characters, NUL, non-ASCII included); only values no HTTP/1.1
@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from qwenweb.asgi import application
-from sessions import runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
 from sessions.models import AgentSession
 from tests.integration.conftest import (
     WAIT_S,
@@ -205,7 +205,7 @@ def harness(transactional_db: None) -> Iterator[Harness]:
         yield harness
         harness.run(harness.stop())
     finally:
-        loop.run_until_complete(runtime.close_backend())  # the Redis backend's store
+        loop.run_until_complete(get_backend().aclose())  # the Redis backend's store
         loop.run_until_complete(_cancel_leftover_tasks())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
@@ -369,7 +369,7 @@ def _finite(value: Any) -> bool:
 
 
 def publishable(body: Any) -> bool:
-    """Section 5 and issue 5: what ``POST /session/<id>/events`` accepts."""
+    """What ``POST /session/<id>/events`` accepts (docs/protocol.md, "Endpoints")."""
     if not isinstance(body, dict) or set(body) - {"type", "data", "_meta", "originatorClientId"}:
         return False
     event_type = body.get("type")
@@ -569,7 +569,7 @@ def test_any_raw_query_string_is_never_a_5xx(harness, raw):
     _example(harness, check)
 
 
-# -- section 5: publish bodies -------------------------------------------------------------
+# -- publish bodies (docs/protocol.md, POST /session/<id>/events) --------------------------
 
 
 @FUZZ

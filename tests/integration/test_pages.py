@@ -1,4 +1,5 @@
-"""The operator's pages and the demo endpoint (``sessions.pages``), through the ASGI app.
+"""The operator's pages (``sessions.web.pages``) and the demo endpoint (``sessions.web.demo``),
+through the ASGI app.
 
 The page itself (its script, in Chromium) is tested in ``tests/browser``; here: who may
 open it, what it hands to the script, and the demo agent's endpoint and task.
@@ -13,7 +14,7 @@ import uuid
 
 import pytest
 
-from sessions import pages
+from sessions.web import demo as pages
 from tests.integration.conftest import (
     assert_error,
     call,

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sessions import runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
 from sessions.bus import EventBus, Frame, Subscription
 from tests.integration.conftest import WAIT_S, live_bus, load, publish
 
@@ -47,7 +47,7 @@ class _PacedPublisher:
     async def run(self) -> None:
         for n in range(self._count):
             published = self._publish_one(n)
-            if inspect.isawaitable(published):  # runtime.publish (either backend)
+            if inspect.isawaitable(published):  # get_backend().publish (either backend)
                 await published
             self._done_count += 1
             if self._done_count in self._reached:
@@ -130,7 +130,7 @@ async def test_stream_with_cursor_during_publishing_sees_every_id_once_in_order(
     # never skips or repeats an id across the replay/live boundary (EB-18: one id line each).
     session_id = await make_session()
     assert (await publish(session_id, {"type": "seed"})).status == 200
-    live = runtime.registry.get(session_id)
+    live = get_backend().registry.get(session_id)
     assert live is not None
     bus = live_bus(session_id)
     token = issue_token(session_id, ["read"])
@@ -139,7 +139,8 @@ async def test_stream_with_cursor_during_publishing_sees_every_id_once_in_order(
         join_after, lag = _plan(rep)
         last = bus.last_event_id + EVENTS_PER_REPETITION
         publisher = _PacedPublisher(
-            lambda n: runtime.publish(live, {"type": "race", "data": n}), EVENTS_PER_REPETITION
+            lambda n: get_backend().publish(live, {"type": "race", "data": n}),
+            EVENTS_PER_REPETITION,
         )
         task = asyncio.create_task(publisher.run())
         async with asyncio.timeout(WAIT_S):

@@ -1,4 +1,4 @@
-"""Operator records written from real streams through the ASGI application (issue 4).
+"""Operator records written from real streams through the ASGI application.
 
 Each test drives ``GET /session/<id>/events`` with ``ApplicationCommunicator``, then
 writes the recorder's batch explicitly (``records.recorder.flush()``: the timed writer is
@@ -18,11 +18,12 @@ from channels.db import database_sync_to_async
 from django.core.management import call_command
 from django.utils import timezone
 
-import sessions.stream
-from sessions import lifecycle, records, runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
 from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
-from sessions.records import Batch, write_batch
+from sessions.ops import lifecycle, records
+from sessions.ops.records import Batch, write_batch
+from sessions.wire import FrameEncoder
 from tests.integration.conftest import (
     WAIT_S,
     bearer,
@@ -153,7 +154,7 @@ async def test_disconnect_all_ends_the_connection_as_server_disconnect(make_sess
     sid = await make_session()
     stream = await stream_of(sid)
     await publish_many(sid, 1)
-    assert await runtime.disconnect_subscribers(sid, reason="operator root") == 1
+    assert await get_backend().disconnect_subscribers(sid, reason="operator root") == 1
     await stream.read_to_end()
     assert stream.types == ["step", "stream_error"]
     (row,) = await rows(sid)
@@ -165,14 +166,14 @@ async def test_pump_failure_ends_the_connection_as_stream_error(
     make_session, stream_of, monkeypatch
 ):
     # EB-19
-    encode = sessions.stream._encode
+    encode = FrameEncoder.event
 
-    def failing_encode(frame):
+    def failing_encode(self, frame):
         if frame.type == "explode":
             raise RuntimeError("cannot encode this frame")
-        return encode(frame)
+        return encode(self, frame)
 
-    monkeypatch.setattr(sessions.stream, "_encode", failing_encode)
+    monkeypatch.setattr(FrameEncoder, "event", failing_encode)
     sid = await make_session()
     stream = await stream_of(sid)
     await publish(sid, {"type": "explode"})
@@ -278,7 +279,7 @@ async def test_rows_of_a_deleted_session_are_dropped_not_failed(make_session):
     assert [row.session_id async for row in SubscriberConnection.objects.all()] == [kept]
 
 
-# -- a clean shutdown loses nothing (sessions.lifecycle) ------------------------------------------
+# -- a clean shutdown loses nothing (sessions.ops.lifecycle) --------------------------------------
 
 
 async def test_shutdown_records_open_streams_and_saves_session_counters(make_session, stream_of):

@@ -28,10 +28,15 @@ from django.urls import reverse
 from django_eventstream import eventstream
 from django_eventstream.views import Listener, get_listener_manager
 
-from sessions import dashboard, runtime
+from sessions.backends import get_backend
+from sessions.backends.base import OPERATOR_STATS_TIMEOUT_S
+from sessions.backends.errors import BackendUnavailableError
+from sessions.backends.redis_store import RedisStore
+from sessions.backends.reports import merge_reports
 from sessions.conf import get_config
 from sessions.models import AgentSession
-from sessions.redis_store import BackendUnavailableError, RedisStore
+from sessions.ops import feed as operator_feed
+from tests.support import backend
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,7 +85,7 @@ def staff() -> Client:
 
 
 def figures(subscribers: int, **overrides: Any) -> dict[str, Any]:
-    """One session's figures as a process reports them (``runtime._make_report``)."""
+    """One session's figures as a process reports them (``get_backend()._make_report``)."""
     return {
         "published": 5, "slow_client_warnings": 0, "evictions": {}, "resyncs": {},
         "replayed_frames": 0, "subscriber_count": subscribers,
@@ -118,12 +123,12 @@ async def test_a_process_that_stops_reporting_drops_out_after_its_ttl(prefix: st
     try:
         await alive.report({"sessions": {"s1": figures(2)}})
         await dying.report({"sessions": {"s1": figures(3)}})
-        assert runtime.merge_reports(await alive.reports())["s1"].subscriber_count == 5
+        assert merge_reports(await alive.reports())["s1"].subscriber_count == 5
         async with asyncio.timeout(5):  # the dying one never reports again: its key expires
             while len(reports := await alive.reports()) != 1:
                 await asyncio.sleep(0.05)
         assert [r["process"] for r in reports] == [alive.process_uid]
-        assert runtime.merge_reports(reports)["s1"].subscriber_count == 2
+        assert merge_reports(reports)["s1"].subscriber_count == 2
     finally:
         await alive.aclose()
         await dying.aclose()
@@ -171,7 +176,7 @@ def test_admin_without_a_server_loop_shows_the_sums_of_the_live_reports(prefix, 
     assert cell(staff.get(CHANGELIST).content.decode(), sid, "subscribers") == "2"
     detail = staff.get(reverse("admin:agent_sessions_agentsession_change", args=[sid]))
     assert b"<th>subscribers</th><td>2</td>" in detail.content
-    assert runtime.server_loop() is None  # reading started nothing in this process
+    assert get_backend().loop.get() is None  # reading started nothing in this process
 
 
 def test_admin_pages_say_redis_is_stuck_instead_of_failing(stuck_redis_url, staff):
@@ -185,7 +190,7 @@ def test_admin_pages_say_redis_is_stuck_instead_of_failing(stuck_redis_url, staf
     detail = staff.get(reverse("admin:agent_sessions_agentsession_change", args=[sid]))
     assert detail.status_code == 200
     assert b"Redis is unavailable" in detail.content
-    assert time.monotonic() - started < 2 * (runtime.OPERATOR_STATS_TIMEOUT_S + 1)
+    assert time.monotonic() - started < 2 * (OPERATOR_STATS_TIMEOUT_S + 1)
 
 
 def test_actions_without_a_server_loop_refuse_rather_than_close_only_the_row(prefix, staff):
@@ -208,20 +213,20 @@ def test_actions_without_a_server_loop_refuse_rather_than_close_only_the_row(pre
 async def closes_backend() -> AsyncIterator[None]:
     """Close the Redis store this test's loop started (on that loop)."""
     yield
-    await runtime.close_backend()
+    await get_backend().aclose()
 
 
 @pytest.mark.asyncio
 async def test_feed_rows_sum_this_process_and_the_others_reports(prefix, closes_backend):
     here = await AgentSession.objects.acreate(title="loaded here and there")
     elsewhere = await AgentSession.objects.acreate(title="loaded elsewhere only")
-    live = await runtime.get_live_session(here.id)
+    live = await get_backend().get_live_session(here.id)
     live.bus.subscribe()
     await asyncio.to_thread(
         write_report, prefix, "other", {here.id: figures(2), elsewhere.id: figures(4)}
     )
-    await dashboard.feed.fetch_others()
-    rows = {row["id"]: row for row in dashboard.feed.sample()}
+    await operator_feed.feed.fetch_others()
+    rows = {row["id"]: row for row in operator_feed.feed.sample()}
     assert (rows[here.id]["subscribers"], rows[here.id]["title"]) == (3, "loaded here and there")
     assert (rows[elsewhere.id]["subscribers"], rows[elsewhere.id]["title"]) == (
         4,
@@ -233,7 +238,7 @@ async def test_feed_rows_sum_this_process_and_the_others_reports(prefix, closes_
 def local_dashboard() -> Iterator[Listener]:
     """A listener of the operator channel in this process, as an open dashboard has."""
     listener = Listener()
-    listener.channels = {dashboard.OPERATOR_CHANNEL}
+    listener.channels = {operator_feed.OPERATOR_CHANNEL}
     listener.assign_loop()
     get_listener_manager().add_listener(listener)
     try:
@@ -244,7 +249,7 @@ def local_dashboard() -> Iterator[Listener]:
 
 def shown(listener: Listener) -> list[dict[str, Any]]:
     """The activity items ``listener`` received, in order."""
-    events = listener.channel_items.get(dashboard.OPERATOR_CHANNEL, [])
+    events = listener.channel_items.get(operator_feed.OPERATOR_CHANNEL, [])
     return [item for e in events if e.type == "activity" for item in orjson.loads(e.data)["items"]]
 
 
@@ -280,9 +285,9 @@ async def test_activity_noted_here_is_shown_here_and_relayed_to_the_other_proces
     peer, closes_backend
 ):
     _, heard = peer
-    dashboard.feed.start(asyncio.get_running_loop())
+    operator_feed.feed.start(asyncio.get_running_loop())
     with local_dashboard() as listener:
-        dashboard.feed.note("session_opened", "s1", title="here")
+        operator_feed.feed.note("session_opened", "s1", title="here")
         message = await next_activity(heard)
         await until(listener, lambda: bool(shown(listener)))
     item = {
@@ -291,7 +296,11 @@ async def test_activity_noted_here_is_shown_here_and_relayed_to_the_other_proces
         "t": message["items"][0]["t"],
         "title": "here",
     }
-    assert message == {"op": "activity", "items": [item], "from": runtime.redis_store().process_uid}
+    assert message == {
+        "op": "activity",
+        "items": [item],
+        "from": backend.as_redis().store().process_uid,
+    }
     assert shown(listener) == [item]
 
 
@@ -300,16 +309,16 @@ async def test_activity_relayed_from_another_process_is_shown_here_and_not_sent_
     peer, closes_backend
 ):
     store, heard = peer
-    dashboard.feed.start(asyncio.get_running_loop())
-    await runtime.redis_store().send_control({"op": "noop"})  # this process listens too
+    operator_feed.feed.start(asyncio.get_running_loop())
+    await backend.as_redis().store().send_control({"op": "noop"})  # this process listens too
     remote = {"kind": "session_closed", "session": "s2", "t": 1, "lastEventId": 7}
     with local_dashboard() as listener:
         await store.send_control({"op": "activity", "items": [remote]})
         await until(listener, lambda: remote in shown(listener))
-        assert remote in dashboard.feed.snapshot()["activity"]
+        assert remote in operator_feed.feed.snapshot()["activity"]
         # One relay publish at a time, in order: had the remote item been sent on, it would
         # come before (or with) the next item noted here.
-        dashboard.feed.note("session_opened", "s3")
+        operator_feed.feed.note("session_opened", "s3")
         message = await next_activity(heard)
     assert [(i["kind"], i["session"]) for i in message["items"]] == [("session_opened", "s3")]
     assert [i["session"] for i in shown(listener)] == ["s2", "s3"]
@@ -331,7 +340,7 @@ async def test_activity_is_shown_here_and_the_relay_keeps_trying_while_redis_is_
     refused_redis_url, monkeypatch, closes_backend
 ):
     outcomes: asyncio.Queue[BaseException | None] = asyncio.Queue()
-    relay = runtime.relay_activity
+    relay = get_backend().relay_activity
 
     async def recorded(items: Any) -> None:
         try:
@@ -341,11 +350,11 @@ async def test_activity_is_shown_here_and_the_relay_keeps_trying_while_redis_is_
             raise
         outcomes.put_nowait(None)
 
-    monkeypatch.setattr(runtime, "relay_activity", recorded)
-    dashboard.feed.start(asyncio.get_running_loop())
+    monkeypatch.setattr(get_backend(), "relay_activity", recorded)
+    operator_feed.feed.start(asyncio.get_running_loop())
     with local_dashboard() as listener:
         for count in (1, 2):  # a failed relay neither raises nor stops the next one
-            dashboard.feed.note("session_opened", f"s{count}")
+            operator_feed.feed.note("session_opened", f"s{count}")
             await until(listener, lambda: len(shown(listener)) == count)  # noqa: B023
             async with asyncio.timeout(10):
                 assert isinstance(await outcomes.get(), BackendUnavailableError)
@@ -360,14 +369,14 @@ async def test_memory_backend_relays_no_activity(monkeypatch: pytest.MonkeyPatch
     async def relay(items: Any) -> None:
         relayed.append(items)
 
-    monkeypatch.setattr(runtime, "relay_activity", relay)
-    dashboard.feed.start(asyncio.get_running_loop())
+    monkeypatch.setattr(get_backend(), "relay_activity", relay)
+    operator_feed.feed.start(asyncio.get_running_loop())
     with local_dashboard() as listener:
-        dashboard.feed.note("session_opened", "s1")
+        operator_feed.feed.note("session_opened", "s1")
         await until(listener, lambda: bool(shown(listener)))  # the relay would start here
     await asyncio.sleep(0)  # and run its first step here
     assert relayed == []
-    assert runtime._store is None
+    assert getattr(get_backend(), "open_store", None) is None
 
 
 @pytest.mark.asyncio
@@ -384,8 +393,8 @@ async def test_feed_events_go_to_local_dashboards_only_even_with_eventstream_rel
 
     monkeypatch.setattr(eventstream, "redis_client", Relay())
     with local_dashboard() as listener:
-        dashboard.feed.tick()
-        dashboard._send("activity", {"t": 1, "items": []})
-    events = listener.channel_items[dashboard.OPERATOR_CHANNEL]
+        operator_feed.feed.tick()
+        operator_feed._send("activity", {"t": 1, "items": []})
+    events = listener.channel_items[operator_feed.OPERATOR_CHANNEL]
     assert [e.type for e in events] == ["stats", "activity"]
     assert relayed == []

@@ -1,4 +1,4 @@
-"""The Redis backend's runtime in one process, against the machine's Redis (issue 6).
+"""The Redis backend in one process, against the machine's Redis.
 
 These tests select the backend themselves (whatever the run's backend) under a key prefix
 of their own, deleted at the end; data loss is simulated by deleting one session's keys,
@@ -17,10 +17,13 @@ import pytest
 import pytest_asyncio
 import redis
 
-from sessions import runtime
+from sessions.backends import get_backend
+from sessions.backends.redis import MIRROR_IDLE_UNLOAD_S
+from sessions.backends.redis_store import RedisStore
+from sessions.backends.reports import merge_reports
 from sessions.conf import get_config
-from sessions.redis_store import RedisStore
 from tests.integration.conftest import OpenStream, Stream, load, publish, publish_many
+from tests.support import backend
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -37,7 +40,7 @@ async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", prefix)
     get_config.cache_clear()
     yield prefix
-    await runtime.close_backend()
+    await get_backend().aclose()
     get_config.cache_clear()
     client = redis.Redis.from_url(get_config().redis_url)
     try:
@@ -50,7 +53,7 @@ async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
 
 async def _forget_session_in_redis(session_id: str) -> None:
     """Simulate Redis losing one session's data (its meta hash and stream)."""
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     await store.client.delete(store.meta_key(session_id), store.stream_key(session_id))
 
 
@@ -64,9 +67,9 @@ async def test_ids_start_at_1_and_reach_a_subscriber_through_the_reader(
     assert await publish_many(session_id, 3) == [1, 2, 3]
     await stream.read_until(lambda s: len(s.frames) >= 3)
     assert [f["id"] for f in stream.frames] == [1, 2, 3]
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     assert await store.client.xlen(store.stream_key(session_id)) == 3
-    live = runtime.registry.get(session_id)
+    live = get_backend().registry.get(session_id)
     assert live is not None
     assert stream.headers["x-event-epoch"] == live.bus.epoch
 
@@ -74,7 +77,7 @@ async def test_ids_start_at_1_and_reach_a_subscriber_through_the_reader(
 async def test_lost_session_data_starts_a_new_epoch_above_the_reserved_mark(
     redis_backend: str, make_session: Any, stream_of: StreamOf
 ) -> None:
-    """Redis lost the session (EB-7, issue 6): an old cursor + epoch gets ``epoch_reset``;
+    """Redis lost the session (EB-7): an old cursor + epoch gets ``epoch_reset``;
     new ids continue above the database's reserved mark, never reusing an old id."""
     session_id = await make_session()
     first = await stream_of(session_id)
@@ -107,7 +110,7 @@ async def test_gap_in_the_stream_drops_the_mirror_and_its_subscribers_reconnect(
     stream = await stream_of(session_id)
     await publish_many(session_id, 2)
     await stream.read_until(lambda s: len(s.frames) >= 2)
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     await store.client.hincrby(store.meta_key(session_id), "last", 10)  # ids 3..12 vanish
     await publish(session_id, {"type": "after-gap"})
     ended = await stream.read_until_type("stream_error")
@@ -130,13 +133,13 @@ async def test_idle_mirror_is_unloaded_and_reloaded_on_next_use(
     stops reading its stream; the next stream reloads it from Redis and replays exactly."""
     session_id = await make_session()
     await publish_many(session_id, 4)
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     assert store.watching(session_id)
     now = 1_000.0
-    assert runtime._unload_idle_mirrors(now) == 0  # idle from now on
-    assert runtime._unload_idle_mirrors(now + runtime.MIRROR_IDLE_UNLOAD_S - 1) == 0
-    assert runtime._unload_idle_mirrors(now + runtime.MIRROR_IDLE_UNLOAD_S) == 1
-    assert runtime.registry.get(session_id) is None
+    assert backend.as_redis().unload_idle_mirrors(now) == 0  # idle from now on
+    assert backend.as_redis().unload_idle_mirrors(now + MIRROR_IDLE_UNLOAD_S - 1) == 0
+    assert backend.as_redis().unload_idle_mirrors(now + MIRROR_IDLE_UNLOAD_S) == 1
+    assert get_backend().registry.get(session_id) is None
     assert not store.watching(session_id)
     stream = await stream_of(session_id, headers={"Last-Event-ID": "1"})
     await stream.read_until_type("replay_complete")
@@ -151,13 +154,13 @@ async def test_a_subscribed_mirror_is_never_unloaded(
     session_id = await make_session()
     await stream_of(session_id)
     await publish_many(session_id, 1)
-    assert runtime._unload_idle_mirrors(0.0) == 0
-    assert runtime._unload_idle_mirrors(1e9) == 0
-    assert runtime.registry.get(session_id) is not None
+    assert backend.as_redis().unload_idle_mirrors(0.0) == 0
+    assert backend.as_redis().unload_idle_mirrors(1e9) == 0
+    assert get_backend().registry.get(session_id) is not None
 
 
 async def test_merge_reports_sums_processes() -> None:
-    """Operator figures under Redis: sums over the processes' reports (issue 6, point 2)."""
+    """Operator figures under Redis: sums over the processes' reports."""
 
     def figures(subscribers: int, last: int, warnings: int) -> dict[str, Any]:
         return {
@@ -176,7 +179,7 @@ async def test_merge_reports_sums_processes() -> None:
             "closed": False,
         }
 
-    merged = runtime.merge_reports(
+    merged = merge_reports(
         [
             {"sessions": {"s1": figures(2, 10, 1), "s2": figures(1, 3, 0)}},
             {"sessions": {"s1": figures(3, 12, 2)}},
@@ -187,12 +190,12 @@ async def test_merge_reports_sums_processes() -> None:
     assert dict(merged["s1"].evictions) == {"queue_overflow": 3}
     assert merged["s1"].last_event_id == 12
     assert merged["s2"].subscriber_count == 1
-    assert runtime.merge_reports([], ["s1"]) == {}
+    assert merge_reports([], ["s1"]) == {}
 
 
 async def _roll_back(session_id: str, to_id: int, down_from: int) -> None:
     """Simulate Redis restored from an older snapshot: ids above ``to_id`` forgotten."""
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     await store.client.hset(store.meta_key(session_id), "last", to_id)
     await store.client.xdel(
         store.stream_key(session_id), *[f"{n}-0" for n in range(to_id + 1, down_from + 1)]
@@ -248,7 +251,7 @@ async def test_ids_issued_while_the_head_is_read_are_not_redis_going_back_in_tim
     process know an id above that head: not a restore, so no new epoch, no resync."""
     session_id = await make_session()
     await publish_many(session_id, 1)
-    store = runtime.redis_store()
+    store = backend.as_redis().store()
     read_head = store.head
 
     async def head_then_publish(sid: str) -> Any:
@@ -267,12 +270,14 @@ async def test_ids_issued_while_the_head_is_read_are_not_redis_going_back_in_tim
 async def test_load_after_a_publish_includes_it_even_when_the_reader_is_slow(
     redis_backend: str, make_session: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Read your writes (section 5): the snapshot waits for the mirror to reach the last id
-    Redis issued; here the reader hands each entry over 0.1 s late (the simulated cause)."""
-    deliver = runtime._on_entries
+    """Read your writes (docs/protocol.md, GET /session/<id>): the snapshot waits for the
+    mirror to reach the last id Redis issued; here the reader hands each entry over 0.1 s
+    late (the simulated cause)."""
+    shared = backend.as_redis()
+    deliver = shared._on_entries
     loop = asyncio.get_running_loop()
     monkeypatch.setattr(
-        runtime, "_on_entries", lambda *entry: loop.call_later(READER_LAG_S, deliver, *entry)
+        shared, "_on_entries", lambda *entry: loop.call_later(READER_LAG_S, deliver, *entry)
     )
     session_id = await make_session()
     assert (await publish(session_id, {"type": "mine"})).json()["id"] == 1
@@ -297,9 +302,9 @@ async def test_closing_the_store_ends_even_when_a_read_swallows_the_cancellation
             swallowed.set()  # the read returns as if it had not been cancelled
 
     monkeypatch.setattr(RedisStore, "_read_once", read_swallowing_one_cancel)
-    runtime.redis_store()
+    backend.as_redis().store()
     async with asyncio.timeout(CLOSE_WAIT_S):
         await entered.wait()
     async with asyncio.timeout(CLOSE_WAIT_S):
-        await runtime.close_backend()
+        await get_backend().aclose()
     assert swallowed.is_set()

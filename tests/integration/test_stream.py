@@ -1,6 +1,7 @@
 """``GET /session/<id>/events`` through the real ASGI application (EB-7, EB-12 ... EB-20).
 
-Contract: ``shared/spec/event-bus.md`` section 4 (and section 5 for restarts).
+Protocol: ``docs/protocol.md``, "The stream" (and "Ids and epochs" for restarts); comments
+name its sections in quotes.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from unittest import mock
 import pytest
 from django.core import signing
 
-import sessions.stream
-from sessions import runtime
 from sessions.auth import TOKEN_SALT, issue_token
+from sessions.backends import get_backend
+from sessions.wire import FrameEncoder
 from tests.integration.conftest import (
     assert_error,
     bearer,
@@ -491,7 +492,7 @@ async def test_only_real_events_carry_an_id_line(make_session, stream_of):
 
 
 async def test_frames_are_written_as_compact_json_of_the_whole_envelope(make_session, stream_of):
-    # EB-18, section 2
+    # EB-18, "Frames"
     sid = await make_session()
     stream = await stream_of(sid)
     await publish(sid, {"type": "t", "data": {"a": "é"}, "originatorClientId": "c1"})
@@ -553,7 +554,7 @@ async def test_cursor_zero_replays_the_whole_ring(make_session, stream_of):
 async def test_cursor_zero_on_empty_session_sends_replay_complete_with_zero(
     make_session, stream_of
 ):
-    # EB-7, section 7 decision 2
+    # EB-7, "Resuming" (cursor 0 on a session with no event yet)
     sid = await make_session()
     stream = await stream_of(sid, headers={"last-event-id": "0"})
     complete = await stream.read_until_type("replay_complete")
@@ -613,7 +614,7 @@ async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_
     assert _ids(stream.frames) == [1, 2]
 
 
-# -- section 5: a restarted server --------------------------------------------------------
+# -- "Ids and epochs": a restarted server -------------------------------------------------
 
 RESTART_STARTS_A_NEW_SEQUENCE = memory_only(
     "a restarted process starts a new id sequence; with Redis the sequence outlives the "
@@ -626,10 +627,10 @@ RESTART_STARTS_A_NEW_SEQUENCE = memory_only(
 async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbers(
     make_session, stream_of
 ):
-    # section 5, EB-1 start_id, EB-7
+    # "Ids and epochs", EB-1 start_id, EB-7
     sid = await make_session()
     await publish_many(sid, 3)
-    runtime.registry.clear()  # a new process: the bus is rebuilt from the row
+    get_backend().registry.clear()  # a new process: the bus is rebuilt from the row
     stream = await stream_of(sid, headers={"last-event-id": "3"})
     await stream.read_until_type("replay_complete")
     resync = stream.frames[0]
@@ -640,10 +641,10 @@ async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbe
 
 @RESTART_STARTS_A_NEW_SEQUENCE
 async def test_ids_after_restart_continue_above_every_old_id(make_session, stream_of):
-    # section 5, EB-1 start_id
+    # "Ids and epochs", EB-1 start_id
     sid = await make_session()
     old_ids = await publish_many(sid, 3)
-    runtime.registry.clear()
+    get_backend().registry.clear()
     stream = await stream_of(sid, headers={"last-event-id": str(old_ids[-1])})
     new_ids = await publish_many(sid, 2)
     await stream.read_until(lambda s: len(_ids(s.frames)) == 2)
@@ -657,10 +658,10 @@ async def test_ids_after_restart_continue_above_every_old_id(make_session, strea
 async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
     make_session, stream_of
 ):
-    # section 5, EB-7: the new bus's events are replayed, never the old numbers
+    # "Ids and epochs", EB-7: the new bus's events are replayed, never the old numbers
     sid = await make_session()
     await publish_many(sid, 3)
-    runtime.registry.clear()
+    get_backend().registry.clear()
     new_ids = await publish_many(sid, 3)
     stream = await stream_of(sid, headers={"last-event-id": "3"})
     await stream.read_until_type("replay_complete")
@@ -671,11 +672,11 @@ async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
 
 @RESTART_STARTS_A_NEW_SEQUENCE
 async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream_of):
-    # section 7 decision 5, EB-7
+    # "Ids and epochs" (the epoch), EB-7
     sid = await make_session()
     await publish_many(sid, 3)
     old_epoch = (await load(sid)).json()["epoch"]
-    runtime.registry.clear()
+    get_backend().registry.clear()
     await publish_many(sid, 5)
     stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": old_epoch})
     await stream.read_until_type("replay_complete")
@@ -684,12 +685,12 @@ async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream
 
 @pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
 async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session, stream_of):
-    # issue 6: ids, epoch and the ring live in Redis, not in the process
+    # the Redis backend: ids, epoch and the ring live in Redis, not in the process
     sid = await make_session()
     await publish_many(sid, 3)
     epoch = (await load(sid)).json()["epoch"]
-    runtime.registry.clear()
-    await runtime.close_backend()  # a new process: a new store and reader
+    get_backend().registry.clear()
+    await get_backend().aclose()  # a new process: a new store and reader
     new_ids = await publish_many(sid, 2)
     stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
@@ -700,12 +701,12 @@ async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session,
 async def test_ids_continue_above_the_renewed_reservation_after_restart(
     make_session, qwenweb_settings
 ):
-    # section 5: ids are reserved in blocks and renewed ahead of use
+    # "Ids and epochs": ids are reserved in blocks and renewed ahead of use
     qwenweb_settings(ID_RESERVATION_BLOCK=1000)  # the smallest block allowed
     sid = await make_session()
     old_ids = await publish_many(sid, 1200)  # past the first block: renewed at 500
-    await runtime.flush_all()  # what a graceful shutdown does
-    runtime.registry.clear()
+    await get_backend().flush_all()  # what a graceful shutdown does
+    get_backend().registry.clear()
     (new_id,) = await publish_many(sid, 1)
     assert new_id > old_ids[-1]
 
@@ -716,14 +717,14 @@ async def test_ids_continue_above_the_renewed_reservation_after_restart(
 @pytest.fixture
 def encode_fails_on_explode(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the route's frame encoder raise for frames of type ``explode`` (EB-19)."""
-    encode = sessions.stream._encode
+    encode = FrameEncoder.event
 
-    def failing_encode(frame):
+    def failing_encode(self, frame):
         if frame.type == "explode":
             raise RuntimeError("cannot encode this frame")
-        return encode(frame)
+        return encode(self, frame)
 
-    monkeypatch.setattr(sessions.stream, "_encode", failing_encode)
+    monkeypatch.setattr(FrameEncoder, "event", failing_encode)
 
 
 @pytest.mark.usefixtures("encode_fails_on_explode")
@@ -772,7 +773,7 @@ async def test_disconnect_while_frames_are_queued_removes_the_subscriber(make_se
 
 
 async def test_closing_the_session_sends_session_closed_then_ends_the_body(make_session, stream_of):
-    # section 5 close, EB-9
+    # "Endpoints", POST /session/<id>/close, EB-9
     sid = await make_session()
     stream = await stream_of(sid)
     assert (await close(sid)).status == 200

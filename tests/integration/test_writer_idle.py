@@ -1,4 +1,4 @@
-"""Writer idle timeout through the route (issue 5): a socket that takes nothing is evicted."""
+"""Writer idle timeout through the route: a socket that takes nothing is evicted."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from qwenweb.asgi import application
-from sessions import runtime
 from sessions.auth import issue_token
+from sessions.backends import get_backend
 from tests.integration.conftest import http_scope, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -44,6 +44,6 @@ async def test_stream_whose_socket_takes_nothing_is_evicted_writer_idle_timeout(
         await streaming.wait()
         assert (await publish(session_id, {"type": "t", "data": 1})).status == 200
         await app  # the route gives up on the socket and returns
-    stats = runtime.registry.get(session_id).bus.stats()  # type: ignore[union-attr]
+    stats = get_backend().registry.get(session_id).bus.stats()  # type: ignore[union-attr]
     assert dict(stats.evictions) == {"writer_idle_timeout": 1}
     assert stats.subscriber_count == 0

@@ -1,6 +1,6 @@
 // Tests of SessionEventStream (static/qwenweb/sse.js) against a fake fetch that returns real
-// Response objects with ReadableStream bodies. Rules: SC-9..SC-13 of
-// shared/spec/sse-client.md, EB-12..EB-19 of shared/spec/event-bus.md.
+// Response objects with ReadableStream bodies. Rules: SC-9..SC-13 and EB-12..EB-19 of
+// docs/protocol.md.
 // No test waits on the wall clock: timers are injected and fired by hand, and `until()` only
 // yields to the event loop a bounded number of times.
 import assert from "node:assert/strict";

@@ -1,5 +1,5 @@
 // Tests of createParser (static/qwenweb/sse.js): the shared vectors, then own cases per rule
-// SC-1..SC-8 of shared/spec/sse-client.md (WHATWG HTML §9.2.6).
+// SC-1..SC-8 of docs/protocol.md (WHATWG HTML §9.2.6).
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { describe, test } from "node:test";
@@ -8,8 +8,9 @@ import { pathToFileURL } from "node:url";
 import { createParser } from "../../static/qwenweb/sse.js";
 
 const T = { timeout: 5000 };
-// The vectors live beside the repository (../shared/ from its root), never copied into it;
-// QWENWEB_SHARED_DIR points elsewhere. Missing: skipped with the reason, except in CI.
+// The vectors live in the project's shared folder beside the repository (../shared/ from its
+// root), never copied into it; QWENWEB_SHARED_DIR points elsewhere. Missing: skipped with the
+// reason, except in CI.
 const SHARED_URL = process.env.QWENWEB_SHARED_DIR
   ? pathToFileURL(`${process.env.QWENWEB_SHARED_DIR}/`)
   : new URL("../../../shared/", import.meta.url);

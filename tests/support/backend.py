@@ -1,4 +1,4 @@
-"""Which event backend the test run uses, and the Redis key space it may write (issue 6).
+"""Which event backend the test run uses, and the Redis key space it may write.
 
 ``QWENWEB_BACKEND=redis`` runs the whole suite against the Redis backend (``make
 test-redis``). The run writes only under one key prefix, ``QWENWEB_REDIS_KEY_PREFIX``
@@ -12,6 +12,12 @@ test-redis`` runs it even when pytest was interrupted).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessions.backends.memory import MemoryBackend
+    from sessions.backends.redis import RedisBackend
 
 import asyncio
 import functools
@@ -93,14 +99,35 @@ def delete_run_keys(base: str, url: str | None = None) -> int:
     return deleted
 
 
+def as_redis() -> RedisBackend:
+    """This test's backend, which must be the Redis backend."""
+    from sessions.backends import get_backend
+    from sessions.backends.redis import RedisBackend
+
+    backend = get_backend()
+    assert isinstance(backend, RedisBackend), backend
+    return backend
+
+
+def as_memory() -> MemoryBackend:
+    """This test's backend, which must be the memory backend."""
+    from sessions.backends import get_backend
+    from sessions.backends.memory import MemoryBackend
+
+    backend = get_backend()
+    assert isinstance(backend, MemoryBackend), backend
+    return backend
+
+
 def close_backend_on(loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0) -> None:
     """Close the Redis store from another thread, on ``loop`` where it runs (if it does)."""
-    from sessions import runtime  # needs Django set up: not at import (see main)
+    from sessions.backends import backends
 
-    store = runtime._store
-    if store is None or store.loop is not loop or loop.is_closed():
+    current = backends.current
+    store = getattr(current, "open_store", None)
+    if current is None or store is None or store.loop is not loop or loop.is_closed():
         return
-    asyncio.run_coroutine_threadsafe(runtime.close_backend(), loop).result(timeout_s)
+    asyncio.run_coroutine_threadsafe(current.aclose(), loop).result(timeout_s)
 
 
 def main(argv: list[str]) -> int:

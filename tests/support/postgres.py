@@ -1,4 +1,4 @@
-"""Check that the PostgreSQL of ``make test-postgres`` answers, before the tests run (issue 6).
+"""Check that the PostgreSQL of ``make test-postgres`` answers, before the tests run.
 
 ``python -m tests.support.postgres postgres://user@host:5432/name`` connects to the
 server's ``postgres`` database (where pytest-django creates and drops ``test_<name>``),

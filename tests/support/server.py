@@ -23,7 +23,7 @@ from typing import Any
 import h11
 
 from sessions.auth import issue_token
-from sessions.sse import ServerSentEvent, SSEParser
+from sessions.wire import ServerSentEvent, SSEParser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def server_env(database_path: Path, **extra: str) -> dict[str, str]:
     ``DATABASE_URL`` is always replaced, never passed through: the end-to-end tests read
     their server's rows from that file (``sqlite3``), and a ``DATABASE_URL`` naming
     PostgreSQL (``make test-postgres``) would otherwise point every server at one shared,
-    non-test database. The PostgreSQL runs cover the in-process tests (issue 6).
+    non-test database. The PostgreSQL runs cover the in-process tests.
     """
     env = os.environ.copy()
     env.update(
@@ -129,7 +129,7 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> N
 def start_redis_server(
     database: Path, redis_url: str, prefix: str, log_path: Path, **extra_env: str
 ) -> ServerProcess:
-    """Start ``python -m qwenweb.serve`` on a free port with the Redis backend (issue 6).
+    """Start ``python -m qwenweb.serve`` on a free port with the Redis backend.
 
     The server uses ``redis_url`` under the key prefix ``prefix``, with a process TTL of
     2 s and a heartbeat every second (``extra_env`` adds to or overrides these).

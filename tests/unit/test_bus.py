@@ -1,6 +1,7 @@
 """Unit tests for the session event bus, written from the contract (EB-1 ... EB-11).
 
-Source: ``shared/spec/event-bus.md`` sections 1-3. Each test cites the rule it checks.
+Source: ``docs/protocol.md``: its rule index, "Frames" (the envelope) and "Errors and limits"
+(the constants); comments name those sections in quotes. Each test cites the rule it checks.
 Caps are tiny (ring 3, max_queued 2 or 4, byte caps of a few hundred bytes) so that every
 edge is two or three publishes away. Every wait is bounded by ``asyncio.timeout``.
 """
@@ -34,6 +35,7 @@ from sessions.bus import (
     Frame,
     SubscriberLimitExceededError,
     Subscription,
+    synthetic_frame,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -121,10 +123,10 @@ def assert_one_line(records: list[logging.LogRecord]) -> None:
     assert "\n" not in text, text
 
 
-# -- section 1: constants -------------------------------------------------------------
+# -- "Errors and limits": constants ---------------------------------------------------
 
 
-async def test_constants_have_contract_values():  # spec section 1
+async def test_constants_have_contract_values():  # "Errors and limits"
     assert EVENT_SCHEMA_VERSION == 1
     assert (DEFAULT_RING_SIZE, MAX_EVENT_RING_SIZE) == (8000, 1_000_000)
     assert (DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES) == (256, 2 * 1024 * 1024)
@@ -162,7 +164,7 @@ async def test_constructor_accepts_ring_size_at_both_bounds():  # EB-1
         assert bus.stats().ring_length == min(2, ring_size)
 
 
-async def test_default_ring_keeps_8000_events():  # EB-1, section 1
+async def test_default_ring_keeps_8000_events():  # EB-1, "Errors and limits"
     bus = EventBus()
     publish_n(bus, 8001)
     assert (bus.stats().ring_length, bus.stats().earliest_id) == (8000, 2)
@@ -176,7 +178,7 @@ async def test_default_max_subscribers_is_64():  # EB-1, EB-6
     assert (info.value.limit, bus.subscriber_count, len(subs)) == (64, 64, 64)
 
 
-async def test_default_caps_are_256_frames_and_2_mib():  # EB-1, EB-6, section 1
+async def test_default_caps_are_256_frames_and_2_mib():  # EB-1, EB-6, "Errors and limits"
     bus = EventBus()
     sub = bus.subscribe()
     publish_n(bus, 192)  # 75 % of 256
@@ -192,7 +194,7 @@ async def test_ids_start_at_start_id_and_increase_by_one():  # EB-1, EB-2
     assert bus.last_event_id == 12
 
 
-async def test_ids_start_at_1_by_default():  # EB-2, section 2
+async def test_ids_start_at_1_by_default():  # EB-2, "Frames"
     bus = EventBus(3)
     assert [pub(bus, ev())["id"] for _ in range(2)] == [1, 2]
     assert bus.last_event_id == 2
@@ -221,7 +223,7 @@ async def test_import_bus_in_fresh_interpreter_loads_no_django():  # EB-1, style
     assert out.decode().strip() == "[]"
 
 
-# -- EB-2 and section 2: publish and the envelope -----------------------------------------
+# -- EB-2 and "Frames": publish and the envelope ------------------------------------------
 
 
 async def test_publish_stamps_v_and_integer_millisecond_server_timestamp():  # EB-2
@@ -236,7 +238,7 @@ async def test_publish_stamps_v_and_integer_millisecond_server_timestamp():  # E
 
 
 @pytest.mark.parametrize("stamp", [0, 123, -5, 1.5, 1e300])
-async def test_publish_keeps_callers_finite_server_timestamp(stamp):  # EB-2, section 2
+async def test_publish_keeps_callers_finite_server_timestamp(stamp):  # EB-2, "Frames"
     frame = pub(EventBus(3), {"type": "t", "_meta": {"serverTimestamp": stamp, "k": "v"}})
     assert frame["_meta"] == {"serverTimestamp": stamp, "k": "v"}
     assert wire(frame)["_meta"]["serverTimestamp"] == stamp
@@ -267,7 +269,7 @@ async def test_publish_adds_meta_when_caller_gives_none_or_a_non_mapping():  # E
         assert type(frame["_meta"]["serverTimestamp"]) is int
 
 
-async def test_envelope_keys_are_in_contract_order():  # section 2
+async def test_envelope_keys_are_in_contract_order():  # "Frames"
     frame = pub(
         EventBus(3),
         {"originatorClientId": "c-1", "_meta": {}, "data": {"a": 1}, "type": "t", "id": 99},
@@ -276,20 +278,20 @@ async def test_envelope_keys_are_in_contract_order():  # section 2
     assert (frame["id"], frame["originatorClientId"], frame["data"]) == (1, "c-1", {"a": 1})
 
 
-async def test_envelope_leaves_out_absent_keys():  # section 2
+async def test_envelope_leaves_out_absent_keys():  # "Frames"
     frame = pub(EventBus(3), {"type": "t"})
     assert list(frame) == ["id", "v", "type", "_meta"]
     assert list(wire(frame)) == ["id", "v", "type", "_meta"]
 
 
-async def test_frame_is_a_read_only_mapping():  # section 2
+async def test_frame_is_a_read_only_mapping():  # "Frames"
     frame = pub(EventBus(3), ev())
     assert isinstance(frame, Mapping)
     with pytest.raises(TypeError):
         frame["type"] = "other"  # type: ignore[index]
 
 
-async def test_frame_json_is_compact_utf8_and_nbytes_is_its_length():  # section 2
+async def test_frame_json_is_compact_utf8_and_nbytes_is_its_length():  # "Frames"
     data = {"text": "héllo ✓ 日本", "list": [1, 2]}
     frame = pub(EventBus(3), {"type": "t", "data": data, "originatorClientId": "c"})
     expected = json.dumps(dict(frame), separators=(",", ":"), ensure_ascii=False).encode()
@@ -299,14 +301,14 @@ async def test_frame_json_is_compact_utf8_and_nbytes_is_its_length():  # section
     assert frame.nbytes == len(frame.json) == size(1, data) + len(',"originatorClientId":"c"')
 
 
-async def test_frame_json_serializes_any_json_number_in_data():  # section 2 ("any JSON value")
+async def test_frame_json_serializes_any_json_number_in_data():  # "Frames" ("any JSON value")
     frame = pub(EventBus(3), {"type": "t", "data": 2**64})
     expected = json.dumps(dict(frame), separators=(",", ":"), ensure_ascii=False).encode()
     assert frame.json == expected
     assert frame.nbytes == len(expected)
 
 
-async def test_each_event_is_serialized_once_and_shared():  # section 2
+async def test_each_event_is_serialized_once_and_shared():  # "Frames"
     bus = EventBus(3)
     first, second = bus.subscribe(), bus.subscribe()
     published = bus.publish(ev())
@@ -797,7 +799,7 @@ async def test_empty_ring_cursor_at_last_issued_id_is_not_a_gap():  # EB-7
     assert dict(bus.stats().resyncs) == {}
 
 
-async def test_cursor_zero_on_new_bus_gets_only_replay_complete():  # EB-7, section 7.2
+async def test_cursor_zero_on_new_bus_gets_only_replay_complete():  # EB-7, "Resuming"
     bus = EventBus(3)
     sub = bus.subscribe(last_event_id=0)
     frames = await take(sub, 1)
@@ -848,7 +850,7 @@ async def test_resumed_subscriber_is_not_evicted_for_its_replay_backlog():  # EB
     assert [label(f) for f in await take(sub, 6)][1:] == [3, 4, 5, "replay_complete", 6]
 
 
-async def test_synthetic_frames_have_no_id_and_carry_v():  # section 2, EB-4, EB-5, EB-7
+async def test_synthetic_frames_have_no_id_and_carry_v():  # "Frames", EB-4, EB-5, EB-7
     bus = EventBus(3)
     publish_n(bus, 2)
     replay = await take(bus.subscribe(last_event_id=9), 4)
@@ -1101,7 +1103,7 @@ async def test_publish_after_consumer_wait_was_cancelled_is_a_live_push():  # EB
     assert [label(f) for f in await drain(sub)] == [1, "slow_client_warning", "client_evicted"]
 
 
-# -- disconnect_all: EB-9 semantics without closing the bus (issue 4) ---------------------
+# -- disconnect_all: EB-9 semantics without closing the bus -------------------------------
 
 
 async def test_disconnect_all_drains_queued_frames_then_terminal_frame_then_ends():  # EB-9
@@ -1171,7 +1173,132 @@ async def test_abort_after_disconnect_keeps_remaining_frames():  # EB-8
     assert sub.end_reason == "disconnected"
 
 
-# -- end_reason, and log lines that name the session and the subscriber (issue 4) ---------
+# -- disconnect: one subscriber, EB-9 semantics ---------------------------------------------
+
+
+async def test_disconnect_drains_queued_frames_then_terminal_frame_then_ends():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    publish_n(bus, 2)
+    assert bus.disconnect(sub, "operator") is True
+    frames = await drain(sub)
+    assert [label(f) for f in frames] == [1, 2, "stream_error"]
+    assert frames[-1]["data"]["reason"] == "operator"
+    assert frames[-1]["data"]["code"] == "server_disconnect"
+    assert sub.end_reason == "disconnected"
+
+
+async def test_disconnect_detaches_only_that_subscriber_and_keeps_the_bus_open():  # EB-9
+    bus = EventBus(3)
+    gone, sibling = bus.subscribe(), bus.subscribe()
+    bus.disconnect(gone, "x")
+    assert (bus.subscriber_count, bus.closed) == (1, False)
+    publish_n(bus, 1)
+    assert [label(f) for f in await take(sibling, 1)] == [1]
+    assert [label(f) for f in await drain(gone)] == ["stream_error"]
+
+
+async def test_disconnect_with_frame_writes_that_terminal_frame():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    terminal = synthetic_frame("stream_error", {"code": "backend_unavailable"})
+    bus.disconnect(sub, "redis", frame=terminal)
+    assert await drain(sub) == [terminal]
+
+
+async def test_disconnect_ends_pending_iteration_in_another_task():  # EB-9
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    pending = asyncio.create_task(drain(sub))
+    await asyncio.sleep(0)  # one step: the task starts and blocks in __anext__
+    bus.disconnect(sub, "x")
+    async with asyncio.timeout(1):
+        assert [label(f) for f in await pending] == ["stream_error"]
+
+
+async def test_disconnect_of_a_subscription_not_attached_returns_false(bus_log):  # EB-8, EB-9
+    bus, other = EventBus(3), EventBus(3)
+    aborted, foreign = bus.subscribe(), other.subscribe()
+    aborted.abort()
+    assert bus.disconnect(aborted, "x") is False
+    assert bus.disconnect(foreign, "x") is False
+    assert other.subscriber_count == 1
+    closed = bus.subscribe()
+    bus.close()
+    assert bus.disconnect(closed, "x") is False
+    assert closed.end_reason == "closed"
+    assert bus_log == []
+
+
+async def test_disconnect_logs_one_line_naming_session_subscriber_and_reason(bus_log):
+    bus = EventBus(3, name="s-1")
+    bus.disconnect(bus.subscribe(label="c-1"), "operator")
+    assert_one_line(bus_log)
+    assert bus_log[0].getMessage() == (
+        "subscriber_disconnected session=s-1 subscriber=c-1 reason=operator"
+    )
+
+
+# -- subscriptions(): the attached subscribers ------------------------------------------------
+
+
+async def test_subscriptions_lists_attached_subscribers_in_attach_order():  # EB-6, EB-8
+    bus = EventBus(3)
+    first, second, third = bus.subscribe(), bus.subscribe(), bus.subscribe()
+    assert bus.subscriptions() == (first, second, third)
+    second.abort()
+    assert bus.subscriptions() == (first, third)
+
+
+async def test_subscriptions_leave_out_evicted_and_disconnected_and_closed():  # EB-5, EB-9
+    bus = EventBus(3)
+    evicted, disconnected, kept = (bus.subscribe(max_queued=n) for n in (1, 9, 9))
+    publish_n(bus, 2)  # the second live frame overflows max_queued=1
+    bus.disconnect(disconnected, "x")
+    assert evicted.evicted
+    assert bus.subscriptions() == (kept,)
+    bus.close()
+    assert bus.subscriptions() == ()
+
+
+# -- Subscription.last_event_id and since -------------------------------------------------
+
+
+async def test_last_event_id_is_none_until_an_event_is_handed_out():  # EB-7
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    publish_n(bus, 2)  # queued, not yet handed out
+    assert sub.last_event_id is None
+    await take(sub, 1)
+    assert sub.last_event_id == 1
+
+
+async def test_last_event_id_skips_synthetic_frames():  # EB-7: synthetic frames carry no id
+    bus = EventBus(3)
+    publish_n(bus, 2)
+    sub = bus.subscribe(last_event_id=0)  # replay 1, 2, then replay_complete
+    assert [label(f) for f in await take(sub, 3)] == [1, 2, "replay_complete"]
+    assert sub.last_event_id == 2
+
+
+async def test_last_event_id_follows_next_nowait_and_next_frame():  # EB-3
+    bus = EventBus(3)
+    sub = bus.subscribe()
+    publish_n(bus, 2)
+    assert sub.next_nowait() is not None
+    assert sub.last_event_id == 1
+    async with asyncio.timeout(1):
+        assert await sub.next_frame(60) is not None
+    assert sub.last_event_id == 2
+
+
+async def test_since_is_the_creation_time_in_epoch_seconds():  # operator data, no EB rule
+    before = time.time()
+    sub = EventBus(3).subscribe()
+    assert before <= sub.since <= time.time()
+
+
+# -- end_reason, and log lines that name the session and the subscriber (EB-5, EB-8, EB-9) --
 
 
 async def test_end_reason_names_why_the_subscription_ended():  # EB-5, EB-8, EB-9

@@ -1,4 +1,7 @@
-"""Configuration: one settings dict, environment overrides, clear errors (spec section 6)."""
+"""Configuration: one settings dict, environment overrides, clear errors.
+
+The settings are listed in docs/protocol.md, "Errors and limits".
+"""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def test_environment_overrides_the_settings_dict(monkeypatch: pytest.MonkeyPatch
 def test_bad_ring_size_is_refused_naming_the_range(
     monkeypatch: pytest.MonkeyPatch, raw: str
 ) -> None:
-    # Section 1: ring sizes outside [1, 1_000_000] are refused at start-up.
+    # RING_SIZE: ring sizes outside [1, 1_000_000] are refused at start-up.
     monkeypatch.setenv("QWENWEB_RING_SIZE", raw)
     get_config.cache_clear()
     with pytest.raises(ImproperlyConfigured, match="RING_SIZE"):
@@ -47,7 +50,7 @@ def test_system_check_reports_bad_values(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_runserver_refuses_out_of_range_event_ring_size() -> None:
-    # Section 6: `runserver --event-ring-size N` out of range stops with a clear message.
+    # `runserver --event-ring-size N` out of range stops with a clear message.
     with pytest.raises(CommandError, match=r"--event-ring-size must be in \[1, 1_000_000\]"):
         call_command("runserver", "--event-ring-size", "0", "--noreload")
 
@@ -64,7 +67,7 @@ def test_runserver_refuses_out_of_range_event_ring_size() -> None:
 def test_bad_backend_settings_are_refused(
     monkeypatch: pytest.MonkeyPatch, env: str, raw: str, match: str
 ) -> None:
-    # Issue 6: the Redis backend's settings are checked like the others (section 6).
+    # The Redis backend's settings are checked like the others.
     monkeypatch.setenv(env, raw)
     get_config.cache_clear()
     with pytest.raises(ImproperlyConfigured, match=match):
@@ -89,7 +92,7 @@ def test_redis_backend_is_selected_from_the_environment(monkeypatch: pytest.Monk
 def test_deploy_check_warns_when_redis_does_not_answer(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 6: `check --deploy` names an unreachable Redis (port 1: nothing listens there).
+    # `check --deploy` names an unreachable Redis (port 1: nothing listens there).
     monkeypatch.setenv("QWENWEB_BACKEND", "redis")
     monkeypatch.setenv("QWENWEB_REDIS_URL", "redis://127.0.0.1:1/0")
     get_config.cache_clear()

@@ -1,4 +1,4 @@
-"""The shutdown signal hook of ``sessions.lifecycle`` (for servers like uvicorn).
+"""The shutdown signal hook of ``sessions.ops.lifecycle`` (for servers like uvicorn).
 
 The end-to-end tests stop real servers with SIGINT and SIGTERM; these check the order:
 our sequence first, the server's own handler after it, and a second signal at once.
@@ -12,29 +12,29 @@ from collections.abc import Iterator
 
 import pytest
 
-from sessions import lifecycle, records
+from sessions.hooks import hooks
+from sessions.ops import lifecycle
 
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture(autouse=True)
-def _not_signalled() -> Iterator[None]:
-    lifecycle._signalled = False
-    yield
-    lifecycle._signalled = False
-    records.recorder.shutting_down = False
+@pytest.fixture
+def listener() -> Iterator[lifecycle.Lifecycle]:
+    """A lifecycle of the test's own (nothing signalled yet)."""
+    yield lifecycle.Lifecycle()
+    hooks.shutting_down = False
 
 
-async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handler():
+async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handler(listener):
     loop = asyncio.get_running_loop()
     called = asyncio.Event()
     seen: list[bool] = []
 
     def server_handler(signum, frame):
-        seen.append(records.recorder.shutting_down)  # our sequence ran first
+        seen.append(hooks.shutting_down)  # our sequence ran first
         called.set()
 
-    handler = lifecycle._chained_handler(loop, server_handler)
+    handler = listener.chained_handler(loop, server_handler)
     handler(signal.SIGTERM, None)
     assert not called.is_set()  # not yet: the sequence runs on the loop first
     async with asyncio.timeout(2):
@@ -42,7 +42,7 @@ async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handle
     assert seen == [True]
 
 
-async def test_second_signal_goes_to_the_server_at_once():
+async def test_second_signal_goes_to_the_server_at_once(listener):
     loop = asyncio.get_running_loop()
     calls: list[int] = []
     both = asyncio.Event()
@@ -52,7 +52,7 @@ async def test_second_signal_goes_to_the_server_at_once():
         if len(calls) == 2:
             both.set()
 
-    handler = lifecycle._chained_handler(loop, server_handler)
+    handler = listener.chained_handler(loop, server_handler)
     handler(signal.SIGINT, None)
     handler(signal.SIGINT, None)  # e.g. uvicorn's "press CTRL+C again to force quit"
     assert calls == [signal.SIGINT]  # at once, before the first one's sequence ended

@@ -1,14 +1,14 @@
-"""``runtime.merge_reports``: the processes' reports summed into one ``BusStats`` per session."""
+"""``merge_reports``: the processes' reports summed into one ``BusStats`` per session."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sessions.runtime import merge_reports
+from sessions.backends.reports import merge_reports
 
 
 def figures(**overrides: Any) -> dict[str, Any]:
-    """One session's figures in a process report (as ``runtime._make_report`` writes them)."""
+    """One session's figures in a process report (as ``get_backend()._make_report`` writes them)."""
     base: dict[str, Any] = {
         "published": 10,
         "slow_client_warnings": 0,

@@ -1,4 +1,4 @@
-"""The batched recorder (``sessions.records``) with a fake writer: memory only, no database.
+"""The batched recorder (``sessions.ops.records``) with a fake writer: memory only, no database.
 
 Every wait is bounded by ``asyncio.timeout``; the writer is an ``asyncio`` fake that
 records each batch (and can be told to fail or to block).
@@ -14,18 +14,28 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from sessions.records import Batch, ConnectionRecord, Recorder, payload_of
+from sessions.bus import Frame, synthetic_frame
+from sessions.ops.records import Batch, ConnectionRecord, Recorder
 
 pytestmark = pytest.mark.asyncio
 
-WARNING = (
-    b'event: slow_client_warning\ndata: {"v":1,"type":"slow_client_warning","data":'
-    b'{"queueSize":12,"maxQueued":16,"lastEventId":40,"threshold":"frames"}}\n\n'
+WARNING = synthetic_frame(
+    "slow_client_warning",
+    {"queueSize": 12, "maxQueued": 16, "lastEventId": 40, "threshold": "frames"},
 )
-EVICTED = (
-    b'event: client_evicted\ndata: {"v":1,"type":"client_evicted","data":'
-    b'{"reason":"queue_overflow","droppedAfter":57}}\n\n'
-)
+EVICTED = synthetic_frame("client_evicted", {"reason": "queue_overflow", "droppedAfter": 57})
+NOTE = Frame({"id": 1, "v": 1, "type": "note", "data": {}}, b'{"id":1,"v":1,"type":"note"}')
+
+
+def write(record: ConnectionRecord, frame: Frame, wire_bytes: int | None = None) -> bytes:
+    """Tell ``record`` that ``frame`` was written as the route writes it; return the payload
+    (the JSON of its ``data:`` line). ``wire_bytes`` pads the wire to that length."""
+    payload = json.dumps({**dict(frame), "_meta": {"serverTimestamp": 1}}).encode()
+    wire = b"event: " + frame.type.encode() + b"\ndata: " + payload + b"\n\n"
+    if wire_bytes is not None:
+        wire = wire.ljust(wire_bytes, b" ")
+    record.frame_written(frame, wire, payload)
+    return payload
 
 
 class FakeWriter:
@@ -84,17 +94,11 @@ def recorder(writer: FakeWriter) -> Recorder:
 # -- the hot side: memory only -------------------------------------------------------------
 
 
-async def test_payload_of_cuts_the_data_line_exactly() -> None:
-    assert payload_of(b'id: 7\nevent: t\ndata: {"a":1}\n\n') == '{"a":1}'
-    assert payload_of(b'data: {"b":2}\n\n') == '{"b":2}'
-    assert payload_of(b": heartbeat\n\n") == ""
-
-
 async def test_frames_and_bytes_are_counted_without_writing(recorder, writer):
     record = open_record(recorder)
     record.bytes_written(13)
     for _ in range(3):
-        record.frame_written("note", 100, b"event: note\ndata: {}\n\n")
+        write(record, NOTE, wire_bytes=100)
     assert (record.frames_sent, record.bytes_sent) == (3, 313)
     assert writer.batches == []
     assert recorder.pending == 1  # one connection changed, not one change per frame
@@ -102,8 +106,8 @@ async def test_frames_and_bytes_are_counted_without_writing(recorder, writer):
 
 async def test_warning_and_eviction_frames_become_incidents_with_exact_payloads(recorder, writer):
     record = open_record(recorder)
-    record.frame_written("slow_client_warning", len(WARNING), WARNING)
-    record.frame_written("client_evicted", len(EVICTED), EVICTED)
+    write(record, WARNING)
+    evicted_payload = write(record, EVICTED)
     record.closed("client_evicted")
     await recorder.flush()
     warning, evicted = writer.incidents()
@@ -117,7 +121,7 @@ async def test_warning_and_eviction_frames_become_incidents_with_exact_payloads(
         "queue_overflow",
         57,
     )
-    assert evicted["payload"] == payload_of(EVICTED)
+    assert evicted["payload"] == evicted_payload.decode()
     (row,) = writer.connections()
     assert (row["end_reason"], row["end_detail"]) == ("client_evicted", "queue_overflow")
     assert json.loads(row["end_payload"])["data"]["droppedAfter"] == 57
@@ -147,7 +151,7 @@ async def test_eviction_whose_frame_was_never_written_says_so(recorder, writer):
 
 async def test_flush_writes_one_batch_and_empties_the_queue(recorder, writer):
     first, second = open_record(recorder), open_record(recorder)
-    first.frame_written("note", 10, b"")
+    write(first, NOTE)
     assert await recorder.flush() == 2
     assert {row["id"] for row in writer.connections()} == {first.id, second.id}
     assert recorder.pending == 0
@@ -158,7 +162,7 @@ async def test_flush_writes_one_batch_and_empties_the_queue(recorder, writer):
 async def test_an_open_connection_is_written_again_when_it_changes(recorder, writer):
     record = open_record(recorder)
     await recorder.flush()
-    record.frame_written("note", 10, b"")
+    write(record, NOTE)
     await recorder.flush()
     assert [row["frames_sent"] for row in writer.connections()] == [0, 1]
 
@@ -186,7 +190,7 @@ async def test_the_timer_flushes_what_is_pending(writer):
 
 async def test_a_failed_write_is_put_back_and_written_next_time(recorder, writer, caplog):
     record = open_record(recorder)
-    record.frame_written("slow_client_warning", len(WARNING), WARNING)
+    write(record, WARNING)
     writer.fail = True
     assert await recorder.flush() == 0
     assert recorder.pending == 2

@@ -1,4 +1,4 @@
-"""Tests for sessions.sse: the SSE parser (SC-1..SC-8, HTML §9.2.6) and the frame format.
+"""Tests for sessions.wire: the SSE parser (SC-1..SC-8, HTML §9.2.6) and the frame format.
 
 The shared vectors are read from ``shared/sse-vectors/`` beside the repository at test
 time (never copied), then the rules are tested with inputs of our own.
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessions.sse import (
+from sessions.wire import (
     DEFAULT_RETRY_MS,
     HEARTBEAT,
     MAX_EVENT_ID,

@@ -1,4 +1,4 @@
-"""The stream's pump: writer idle timeout (issue 5), heartbeats through the same path."""
+"""The stream's pump: writer idle timeout, heartbeats through the same path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sessions.bus import EventBus
-from sessions.stream import WriterIdleTimeoutError, pump_frames
+from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,4 +1,7 @@
-"""``runserver`` (daphne's, so it serves ASGI) plus ``--event-ring-size N`` (spec section 6)."""
+"""``runserver`` (daphne's, so it serves ASGI) plus ``--event-ring-size N``.
+
+The option overrides ``RING_SIZE`` for that run (docs/protocol.md, "Errors and limits").
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ from daphne.management.commands.runserver import Command as DaphneRunserverComma
 from django.core.management import CommandError
 from django.core.management.base import CommandParser
 
-from qwenweb.flow_control import FlowControlServer
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import ENV_OVERRIDES, get_config
+from sessions.transport.flow_control import FlowControlServer
 
 
 class Command(DaphneRunserverCommand):  # type: ignore[misc]  # daphne ships no types

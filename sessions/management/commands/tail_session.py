@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.client import EventStreamClient
-from sessions.sse import ServerSentEvent
+from sessions.cli.client import EventStreamClient
+from sessions.wire import ServerSentEvent
 
 
 class Command(BaseCommand):

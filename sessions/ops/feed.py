@@ -1,19 +1,10 @@
-"""The operator dashboard: ``/`` for staff, kept live by django-eventstream.
+"""The operator feed: live figures and activity for the dashboards, on one SSE channel.
 
-Routes (appended to ``sessions/urls.py``):
-
-- ``GET /`` — staff: the dashboard (``templates/dashboard.html``,
-  ``static/qwenweb/dashboard.js`` and ``.css``): every session with its live counters,
-  plots of events per second and subscribers over the last five minutes, and the latest
-  activity. Everyone else gets :data:`sessions.pages.home` (the redirect to their session
-  list, which sends anonymous users to the login page): no dashboard.
-- ``GET /ops/events/`` — the operator channel as Server-Sent Events (django-eventstream's
-  view, served by Django's ``ASGIHandler``: fine for a few staff dashboards, unlike the
-  session streams, which must not pin a thread each). Staff only: everyone else gets a
-  403 JSON error, and :class:`OperatorChannelManager` refuses them the channel as well
-  (``EVENTSTREAM_CHANNELMANAGER_CLASS``).
-- ``GET /ops/sessions/<id>/records`` — staff only: the session's connection and incident
-  records as JSON (what the admin shows).
+The feed is a :class:`~sessions.hooks.Listener` (connected in ``AppConfig.ready``): it
+learns of connections, warnings, evictions and closed sessions from the stream route and
+the backend, and samples the backend's buses each second. It publishes on
+django-eventstream's channel :data:`OPERATOR_CHANNEL` (``GET /ops/events/``,
+:mod:`sessions.ops.dashboard`).
 
 Events on the channel (SSE ``event:`` types; ``data`` is JSON):
 
@@ -22,7 +13,7 @@ Events on the channel (SSE ``event:`` types; ``data`` is JSON):
   "ringSize", "peakSubscribers"}]}`` for every session loaded in this process: each
   second (``tick`` true: a point of the plots) and right after any activity (false).
   With the Redis backend: every session loaded in any live server process, its figures
-  summed over them (:func:`sessions.runtime.cluster_stats`), so every process's
+  summed over them (:func:`Backend.cluster_stats`), so every process's
   dashboards show the same totals.
 - ``activity`` — ``{"t": <ms>, "items": [{"kind", "session", "t", ...}]}``; kinds:
   ``session_opened`` (created), ``session_closed``, ``subscriber_joined``,
@@ -31,14 +22,14 @@ Events on the channel (SSE ``event:`` types; ``data`` is JSON):
 
 Concurrency model
     :class:`OperatorFeed` belongs to the server's event loop, like the buses whose
-    ``stats()`` it samples (EB-10, EB-11). ``note()`` is called on the loop (records,
-    runtime) and never awaits, touches the database or raises; other threads use
+    ``stats()`` it samples (EB-10, EB-11). ``note()`` is called on the loop (the hooks)
+    and never awaits, touches the database or raises; other threads use
     :func:`notify_threadsafe`. django-eventstream's ``send_event`` is called on the loop
     with no event storage (``is_channel_reliable`` is False), so publishing to the channel
-    writes nothing to the database. The sync views read live numbers through
-    :func:`sessions.runtime.call_on_server_loop`.
+    writes nothing to the database. The sync views read live numbers through the
+    backend's server loop (``backend.loop.call``).
 
-Several processes (Redis backend)
+Several processes (a backend with ``supports_multiple_processes``)
     Each tick fetches the other processes' reports once (one ``ZRANGE`` + ``MGET``,
     bounded by the tick) and keeps them until the next: every sample sums them with this
     process's fresh figures without asking Redis again (the reports change only every
@@ -49,7 +40,7 @@ Several processes (Redis backend)
     the rates jump. ``activity`` happens in one process: it goes to that process's
     dashboards and is relayed to the others over the backend's own control channel
     (``{"op": "activity", "items": [...]}`` on ``<prefix>:control``,
-    :func:`sessions.runtime.relay_activity`), batched with the local send, at most one
+    ``Backend.relay_activity``), batched with the local send, at most one
     publish in flight (a backlog of :data:`RELAY_BACKLOG` items at most), never awaited by
     :meth:`OperatorFeed.note`. A process hands relayed items to its own dashboards only
     (:meth:`OperatorFeed.note_remote`): nothing is echoed. Items noted while Redis is
@@ -66,39 +57,36 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 from channels.db import database_sync_to_async
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models.signals import post_save
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
-from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.contrib.auth.models import AbstractBaseUser
+from django.http import HttpRequest
 from django_eventstream import eventstream, send_event
 from django_eventstream.channelmanager import ChannelManagerBase
 from django_eventstream.event import Event
 from django_eventstream.views import get_listener_manager
 
-from sessions import runtime
-from sessions.bus import BusStats
-from sessions.models import AgentSession, normalize_session_id
-from sessions.queries import request_user
-from sessions.views import error_response
+from sessions.auth import is_operator
+from sessions.backends import get_backend
+from sessions.backends.base import BackendUnavailableError
+from sessions.bus import BusStats, Frame
+from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
+from sessions.models import AgentSession
 
 __all__ = [
     "ACTIVITY_DELAY_S",
     "HISTORY_S",
+    "INCIDENT_TYPES",
     "OPERATOR_CHANNEL",
     "TICK_S",
     "OperatorChannelManager",
     "OperatorFeed",
     "feed",
-    "home",
     "notify_threadsafe",
-    "operator_events",
-    "session_records",
+    "session_stats_row",
 ]
 
 logger = logging.getLogger("qwenweb.dashboard")
@@ -113,13 +101,9 @@ ACTIVITY_DELAY_S: Final = 0.1
 most 10 events per listener between two reads)."""
 RECENT_ACTIVITY: Final = 50
 RELAY_BACKLOG: Final = 1000
-"""Redis backend: activity items waiting for the relay at most (the oldest are dropped)."""
-MAX_LISTED_SESSIONS: Final = 200
-RECORDS_LIMIT: Final = 200
-
-
-def _is_staff(user: AbstractBaseUser | AnonymousUser | None) -> bool:
-    return bool(user is not None and user.is_active and getattr(user, "is_staff", False))
+"""Several processes: activity items waiting for the relay at most (the oldest dropped)."""
+INCIDENT_TYPES: Final = frozenset({"slow_client_warning", "client_evicted"})
+"""Synthetic frame types that become activity items of their own."""
 
 
 class OperatorChannelManager(ChannelManagerBase):  # type: ignore[misc]  # untyped package
@@ -133,7 +117,7 @@ class OperatorChannelManager(ChannelManagerBase):  # type: ignore[misc]  # untyp
         return {OPERATOR_CHANNEL}
 
     def can_read_channel(self, user: AbstractBaseUser | None, channel: str) -> bool:
-        return channel == OPERATOR_CHANNEL and _is_staff(user)
+        return channel == OPERATOR_CHANNEL and is_operator(user)
 
     def is_channel_reliable(self, channel: str) -> bool:
         return False
@@ -143,7 +127,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _session_stats(session_id: str, title: str, stats: BusStats) -> dict[str, Any]:
+def session_stats_row(session_id: str, title: str, stats: BusStats) -> dict[str, Any]:
     return {
         "id": session_id,
         "title": title,
@@ -159,7 +143,41 @@ def _session_stats(session_id: str, title: str, stats: BusStats) -> dict[str, An
     }
 
 
-class OperatorFeed:
+class _FeedObserver(ConnectionObserver):
+    """One connection, as the feed sees it: warnings, evictions and its end."""
+
+    __slots__ = ("_feed", "_frames", "_info")
+
+    def __init__(self, feed: OperatorFeed, info: ConnectionInfo) -> None:
+        self._feed, self._info, self._frames = feed, info, 0
+
+    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
+        self._frames += 1
+        if frame.type in INCIDENT_TYPES:
+            data = frame.get("data")
+            fields = {
+                k: v
+                for k, v in (data.items() if isinstance(data, dict) else ())
+                if k not in ("kind", "session", "t")
+            }
+            self._feed.note(
+                frame.type, self._info.session_id, **fields, subscriber=self._info.label
+            )
+
+    def closed(self, reason: str, detail: str = "") -> None:
+        if self._info is None:
+            return
+        info, self._info = self._info, None  # type: ignore[assignment]
+        self._feed.note(
+            "subscriber_left",
+            info.session_id,
+            subscriber=info.label,
+            reason=reason,
+            framesSent=self._frames,
+        )
+
+
+class OperatorFeed(Listener):
     """Sample the loaded buses each second and publish to the operator channel.
 
     Keeps :data:`HISTORY_S` seconds of totals (``[t_ms, published, subscribers]``) and
@@ -199,12 +217,33 @@ class OperatorFeed:
         if self._loop is None or self._loop.is_closed():
             return
         self._pending.append(item)
-        if runtime.using_redis():
+        if get_backend().supports_multiple_processes:
             self._outbox.append(item)
         self._send_soon()
 
+    # -- the listener ----------------------------------------------------------------
+
+    def connection_opened(self, info: ConnectionInfo) -> ConnectionObserver:
+        """``subscriber_joined`` now; warnings, evictions and ``subscriber_left`` later."""
+        self.note(
+            "subscriber_joined",
+            info.session_id,
+            subscriber=info.label,
+            subject=info.subject,
+            clientAddr=info.client_addr,
+            clientId=info.client_id,
+            maxQueued=info.max_queued,
+        )
+        return _FeedObserver(self, info)
+
+    def session_closed(self, session_id: str, last_event_id: int) -> None:
+        self.note("session_closed", session_id, lastEventId=last_event_id)
+
+    def activity_received(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.note_remote([dict(item) for item in items])
+
     def note_remote(self, items: list[dict[str, Any]]) -> None:
-        """Take activity items relayed from another process (Redis backend).
+        """Take activity items relayed from another process (several processes).
 
         ``items`` as :meth:`note` makes them. They are kept for the next dashboard page
         and sent to this process's dashboards within :data:`ACTIVITY_DELAY_S`, never
@@ -251,23 +290,24 @@ class OperatorFeed:
         while True:
             await asyncio.sleep(self.tick_s)  # a clock, not a wait for a cause
             try:
-                if runtime.using_redis():
+                if get_backend().supports_multiple_processes:
                     await self.fetch_others()
                 self.tick()
             except Exception:  # a dashboard must never take the loop down
                 logger.exception("operator_feed_tick_failed")
 
     async def fetch_others(self) -> None:
-        """Redis backend: keep the other processes' reports for the samples until the next
+        """Several processes: keep the other processes' reports for the samples until the next
         tick (one round-trip, at most ``tick_s``), and the titles of their sessions.
 
         Redis unreachable or slow: no other process's figures until it answers (one log
         line per outage). Never raises for Redis; database errors propagate.
         """
+        backend = get_backend()
         try:
             async with asyncio.timeout(self.tick_s):
-                self._others = await runtime.other_reports()
-        except (runtime.BackendUnavailableError, TimeoutError) as exc:
+                self._others = await backend.other_reports()
+        except (BackendUnavailableError, TimeoutError) as exc:
             if not self._redis_failing:
                 logger.warning("operator_feed_cluster_unavailable error=%r", exc)
             self._redis_failing = True
@@ -276,7 +316,7 @@ class OperatorFeed:
         self._redis_failing = False
         reported = {sid for report in self._others for sid in report.get("sessions") or {}}
         self._titles = {sid: t for sid, t in self._titles.items() if sid in reported}
-        loaded_here = {live.session_id for live in runtime.registry.values()}
+        loaded_here = {live.session_id for live in backend.registry.values()}
         missing = reported - self._titles.keys() - loaded_here
         if missing:
             self._titles.update(await database_sync_to_async(_titles_of)(missing))
@@ -303,18 +343,14 @@ class OperatorFeed:
     def sample(self) -> list[dict[str, Any]]:
         """Return the ``stats`` rows of every session loaded in this process (on the loop).
 
-        Redis backend: of every session loaded in any live process, summed over them
-        (this process's figures fresh, the others' from the last tick). Never awaits.
+        Several processes: of every session loaded in any live process, summed over
+        them (this process's figures fresh, the others' from the last tick). Never awaits.
         """
-        if not runtime.using_redis():
-            return [
-                _session_stats(live.session_id, live.title, live.bus.stats())
-                for live in runtime.registry.values()
-            ]
-        titles = {live.session_id: live.title for live in runtime.registry.values()}
+        backend = get_backend()
+        titles = {live.session_id: live.title for live in backend.registry.values()}
         return [
-            _session_stats(sid, titles.get(sid) or self._titles.get(sid, ""), stats)
-            for sid, stats in runtime.cluster_stats(self._others).items()
+            session_stats_row(sid, titles.get(sid) or self._titles.get(sid, ""), stats)
+            for sid, stats in backend.cluster_stats(self._others).items()
         ]
 
     def snapshot(self) -> dict[str, Any]:
@@ -356,7 +392,7 @@ class OperatorFeed:
 
     async def _relay(self, items: list[dict[str, Any]]) -> None:
         try:
-            await runtime.relay_activity(items)
+            await get_backend().relay_activity(items)
         except Exception as exc:  # best effort, like pub/sub itself: never the loop's problem
             logger.debug("operator_activity_not_relayed items=%d error=%r", len(items), exc)
         self._relay_task = None
@@ -390,7 +426,7 @@ def _send(event_type: str, payload: dict[str, Any]) -> None:
 
 
 feed = OperatorFeed()
-"""The process-wide operator feed."""
+"""The process's operator feed (connected to :data:`sessions.hooks.hooks` by ``sessions.apps``)."""
 
 
 def notify_threadsafe(kind: str, session_id: str, **fields: Any) -> None:
@@ -399,197 +435,4 @@ def notify_threadsafe(kind: str, session_id: str, **fields: Any) -> None:
     Does nothing when this process has no server loop yet (then no dashboard can be
     connected to it either). Never raises, never waits.
     """
-    runtime.call_soon_on_server_loop(functools.partial(feed.note, kind, session_id, **fields))
-
-
-# -- views -------------------------------------------------------------------------------
-
-
-def _staff_error(user: Any) -> JsonResponse | None:
-    """A 403 JSON error unless ``user`` is active staff (anonymous users included: a 401
-    would need a ``WWW-Authenticate`` challenge, and the login here is a form)."""
-    if not _is_staff(user):
-        return error_response(403, "forbidden", "operators only: log in as a staff user")
-    return None
-
-
-@require_GET
-def home(request: HttpRequest) -> HttpResponse:
-    """``GET /``: the dashboard for staff; :data:`sessions.pages.home` for everyone else.
-
-    Context ``dashboard_config`` (JSON for the script): ``{"feedUrl", "urls":
-    {"sessionPage", "sessionAdmin"}`` (with ``00000000-0000-0000-0000-000000000000`` in
-    place of the id), ``"tickS", "historyS", "sessions": [rows], "history",
-    "sessionHistory", "activity"}``; rows merge the database row with the live
-    ``stats()`` of a loaded bus (``"live": true``), else the counters last saved.
-    """
-    if not _is_staff(request.user):
-        from sessions import pages  # the other pages of the site; imported on demand
-
-        response: HttpResponse = pages.home(request)  # type: ignore[assignment]
-        return response
-    try:
-        live = runtime.call_on_server_loop(feed.snapshot, default=None)
-    except TimeoutError:  # a stuck loop must not take the page down: show saved numbers
-        logger.warning("dashboard_live_numbers_unavailable reason=timeout")
-        live = None
-    if live is None and runtime.using_redis() and runtime.server_loop() is None:
-        live = _cluster_rows()  # nothing loaded here: the other processes' numbers
-    live_rows = {row["id"]: row for row in (live or {}).get("sessions", [])}
-    rows = []
-    for row in AgentSession.objects.select_related("owner").order_by("-created_at")[
-        :MAX_LISTED_SESSIONS
-    ]:
-        rows.append(_dashboard_row(row, live_rows.pop(row.id, None)))
-    placeholder = "00000000-0000-0000-0000-000000000000"
-    config = {
-        "feedUrl": reverse("operator-events"),
-        "urls": {
-            "sessionPage": reverse("session-page", args=[placeholder]),
-            "sessionAdmin": reverse("admin:agent_sessions_agentsession_change", args=[placeholder]),
-        },
-        "placeholder": placeholder,
-        "tickS": TICK_S,
-        "historyS": HISTORY_S,
-        "sessions": rows,
-        "history": (live or {}).get("history", []),
-        "sessionHistory": (live or {}).get("sessionHistory", {}),
-        "activity": (live or {}).get("activity", []),
-    }
-    return render(
-        request,
-        "dashboard.html",
-        {"dashboard_config": config, "sessions": rows, "max_listed": MAX_LISTED_SESSIONS},
-    )
-
-
-def _cluster_rows() -> dict[str, Any] | None:
-    """Redis backend, no server loop here: ``{"sessions": [stats rows]}`` summed over the
-    live processes, read with a short-lived client; None when Redis does not answer."""
-    try:
-        stats = runtime.operator_stats_blocking()
-    except (runtime.BackendUnavailableError, TimeoutError) as exc:
-        logger.warning("dashboard_live_numbers_unavailable error=%r", exc)
-        return None
-    return {"sessions": [_session_stats(sid, "", s) for sid, s in stats.items()]}
-
-
-def _dashboard_row(row: AgentSession, live: dict[str, Any] | None) -> dict[str, Any]:
-    base = {
-        "id": row.id,
-        "title": row.title,
-        "owner": row.owner.get_username() if row.owner else "",
-        "createdAt": row.created_at.isoformat(),
-        "status": row.status,
-        "live": live is not None,
-    }
-    if live is not None:
-        return {**base, **{k: v for k, v in live.items() if k not in ("id", "title")}}
-    return {
-        **base,
-        "subscribers": 0,
-        "lastEventId": row.last_event_id,
-        "published": row.events_published,
-        "warnings": row.slow_client_warnings,
-        "evictions": row.evictions,
-        "ringLength": None,
-        "ringSize": row.ring_size,
-        "peakSubscribers": row.peak_subscribers,
-    }
-
-
-@require_GET
-async def operator_events(request: HttpRequest) -> HttpResponse:
-    """``GET /ops/events/``: the operator channel (django-eventstream), staff only.
-
-    403 JSON otherwise. Captures the server loop (so the feed samples even before
-    any bus is built) and hands over to django-eventstream's ``events`` view.
-    """
-    user = await request_user(request)
-    refused = _staff_error(user)
-    if refused is not None:
-        logger.warning(
-            "operator_feed_refused status=%d user=%s",
-            refused.status_code,
-            user.get_username() or "-",
-        )
-        return refused
-    runtime.attach_server_loop()
-    from django_eventstream.views import events
-
-    # In a worker thread whose connection is closed after it (an `es-meta` user is read from
-    # the database): the stream it returns must hold none for its life (issue 6).
-    response: HttpResponse = await database_sync_to_async(events)(
-        request, channels=[OPERATOR_CHANNEL]
-    )
-    return response
-
-
-@require_GET
-def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
-    """``GET /ops/sessions/<id>/records``: the records of one session, newest first.
-
-    Staff only (403 JSON otherwise). Shape: ``{"session": id, "connections": [{"id",
-    "auth", "subject", "clientAddr", "userAgent", "clientId", "maxQueued",
-    "resumedFrom", "openedAt", "closedAt", "framesSent", "bytesSent", "endReason",
-    "endDetail", "endPayload"}], "incidents": [{"id", "connection", "kind", "reason",
-    "eventId", "at", "payload"}]}`` — at most 200 of each. ``payload`` and
-    ``endPayload`` are the exact JSON text the client received. 404 unknown session.
-    """
-    refused = _staff_error(request.user)
-    if refused is not None:
-        return refused
-    normalized = normalize_session_id(session_id)
-    row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
-    if row is None:
-        raise Http404("unknown session")
-    connections = [
-        {
-            "id": str(c.id),
-            "auth": c.auth,
-            "subject": c.subject,
-            "clientAddr": c.client_addr,
-            "userAgent": c.user_agent,
-            "clientId": c.client_id,
-            "maxQueued": c.max_queued,
-            "resumedFrom": c.resumed_from,
-            "openedAt": c.opened_at.isoformat(),
-            "closedAt": c.closed_at.isoformat() if c.closed_at else None,
-            "framesSent": c.frames_sent,
-            "bytesSent": c.bytes_sent,
-            "endReason": c.end_reason,
-            "endDetail": c.end_detail,
-            "endPayload": c.end_payload,
-        }
-        for c in row.connections.order_by("-opened_at")[:RECORDS_LIMIT]
-    ]
-    incidents = [
-        {
-            "id": str(i.id),
-            "connection": str(i.connection_id),
-            "kind": i.kind,
-            "reason": i.reason,
-            "eventId": i.event_id,
-            "at": i.at.isoformat(),
-            "payload": i.payload,
-        }
-        for i in row.incidents.order_by("-at")[:RECORDS_LIMIT]
-    ]
-    return JsonResponse({"session": row.id, "connections": connections, "incidents": incidents})
-
-
-def _session_saved(
-    sender: type[AgentSession], instance: AgentSession, created: bool, **_: Any
-) -> None:
-    """``post_save``: tell the dashboards a session was created (``session_opened``)."""
-    if created:
-        notify_threadsafe(
-            "session_opened",
-            instance.id,
-            title=instance.title,
-            status=instance.status,
-            createdAt=instance.created_at.isoformat(),
-        )
-
-
-post_save.connect(_session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created")
+    get_backend().loop.call_soon(functools.partial(feed.note, kind, session_id, **fields))

@@ -1,20 +1,12 @@
-"""Server-sent events wire format: an incremental parser and the frame serializer.
+"""Parse a ``text/event-stream`` body incrementally (WHATWG HTML §9.2.6, SC-1 ... SC-8).
 
-Standard library only (no Django import), so the SSE route, the Python test clients and
-the benchmarks share one implementation of the format.
+`SSEParser` parses a body split anywhere, exactly as the HTML Standard's "Interpreting an
+event stream" and the client rules (``docs/protocol.md``, "The browser client") say; the
+SSE route's tests, the Python test clients and the benchmarks share it.
 
-- `SSEParser` parses a ``text/event-stream`` body incrementally, exactly as the WHATWG
-  HTML Standard §9.2.6 "Interpreting an event stream" and the client contract
-  (``shared/spec/sse-client.md``, rules SC-1..SC-8) say.
-- `encode_retry`, `encode_frame`, `encode_comment` and `HEARTBEAT` are the bytes the SSE
-  route writes (EB-18); they raise `FramingError` for any value that would change the
-  framing instead of writing a stream a client would misread.
-- `parse_last_event_id`, `parse_epoch` and `sanitize_for_log` read the route's request
-  headers strictly and never raise (EB-13).
-
-Concurrency: nothing here does I/O or touches an event loop. The functions are pure. A
-parser holds the state of one stream and is not thread-safe: use one parser per
-connection, from one thread or task at a time.
+Concurrency: nothing here does I/O or touches an event loop. A parser holds the state of
+one stream and is not thread-safe: use one parser per connection, from one thread or task
+at a time.
 """
 
 from __future__ import annotations
@@ -25,47 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = [
-    "DEFAULT_RETRY_MS",
-    "HEARTBEAT",
-    "MAX_EVENT_ID",
-    "FramingError",
-    "SSEParser",
-    "ServerSentEvent",
-    "encode_comment",
-    "encode_frame",
-    "encode_retry",
-    "parse_epoch",
-    "parse_last_event_id",
-    "sanitize_for_log",
-]
-
-MAX_EVENT_ID: Final = 2**53 - 1
-"""Largest event id (and Last-Event-ID cursor): the largest integer a JavaScript number
-holds exactly (EB-13)."""
-
-DEFAULT_RETRY_MS: Final = 3000
-"""Reconnection time in milliseconds written first on every stream (EB-18)."""
-
-HEARTBEAT: Final[bytes] = b": heartbeat\n\n"
-"""Comment written while a stream is idle; parsers never dispatch it (SC-4, EB-18)."""
+__all__ = ["SSEParser", "ServerSentEvent"]
 
 # Only CR, LF and CRLF end a line (SC-3); str.splitlines() would also split on
 # \v \f \x1c-\x1e \x85 \u2028 \u2029.
 _LINE_ENDING: Final = re.compile(r"\r\n|\r|\n")
 # [0-9], not \d or str.isdigit(): those accept non-ASCII digits (SC-5, EB-13).
 _ASCII_DIGITS: Final = re.compile(r"[0-9]+")
-_EPOCH: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BOM: Final = "\ufeff"
 # Clamp for absurd retry values: far beyond any timer, and small enough that int() never
 # meets Python's limit on the length of a digit string.
 _MAX_RETRY_MS: Final = 2**64 - 1
 _MAX_RETRY_DIGITS: Final = len(str(_MAX_RETRY_MS))
-_MAX_EVENT_ID_DIGITS: Final = len(str(MAX_EVENT_ID))
-
-
-class FramingError(ValueError):
-    """Raised when a value would change SSE framing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,130 +254,3 @@ def _value_after(line: str, colon: int) -> str:
     """Return the value after the colon at `colon`, minus one leading space (SC-4)."""
     skip = 2 if line.startswith(" ", colon + 1) else 1
     return line[colon + skip :]
-
-
-def encode_retry(retry_ms: int) -> bytes:
-    r"""Encode a ``retry`` frame: ``encode_retry(3000) == b"retry: 3000\n\n"`` (EB-18).
-
-    `retry_ms` is the reconnection time in milliseconds, a non-negative int (bool is not
-    accepted). Raises FramingError otherwise. Pure.
-    """
-    if isinstance(retry_ms, bool) or not isinstance(retry_ms, int) or retry_ms < 0:
-        raise FramingError(f"retry_ms must be a non-negative int, got {retry_ms!r}")
-    return b"retry: %d\n\n" % retry_ms
-
-
-def encode_frame(*, event_type: str, data_json: bytes, event_id: int | None = None) -> bytes:
-    r"""Encode one frame: optional ``id``, ``event`` and one ``data`` line (EB-18).
-
-    ``encode_frame(event_type="t", data_json=b'{"a":1}', event_id=7)`` returns
-    ``b'id: 7\nevent: t\ndata: {"a":1}\n\n'``. `data_json` is the compact JSON of
-    the whole envelope, UTF-8, written as is (serialize once, reuse the bytes).
-    Synthetic frames pass ``event_id=None`` and get no ``id`` line, so they never move
-    a cursor (SC-9).
-
-    Raises FramingError when `event_type` is not a non-empty str, contains CR, LF or
-    NUL or cannot be encoded as UTF-8 (a lone surrogate); when `data_json` is not bytes
-    or contains a CR or LF byte (compact JSON is always one line); when `event_id` is
-    not None and not an int in [1, MAX_EVENT_ID] (bool is not accepted). Pure.
-    """
-    type_bytes = _encode_line("event_type", event_type)
-    if not type_bytes:
-        raise FramingError("event_type must not be empty")
-    if not isinstance(data_json, bytes):
-        raise FramingError(f"data_json must be bytes, got {type(data_json).__name__}")
-    if b"\n" in data_json or b"\r" in data_json:
-        raise FramingError("data_json must not contain CR or LF bytes")
-    if event_id is None:
-        return b"event: %s\ndata: %s\n\n" % (type_bytes, data_json)
-    if (
-        isinstance(event_id, bool)
-        or not isinstance(event_id, int)
-        or not 1 <= event_id <= MAX_EVENT_ID
-    ):
-        raise FramingError(f"event_id must be an int in [1, 2**53 - 1]: {event_id!r}")
-    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, type_bytes, data_json)
-
-
-def encode_comment(text: str) -> bytes:
-    r"""Encode a comment frame: ``encode_comment("hi") == b": hi\n\n"`` (SC-4, EB-18).
-
-    Parsers ignore comments (SC-4); `SSEParser` reports ``text`` to ``on_comment``.
-    Raises FramingError when `text` is not a str, contains CR, LF or NUL, or cannot be
-    encoded as UTF-8. Pure.
-    """
-    return b": %s\n\n" % _encode_line("text", text)
-
-
-def _encode_line(name: str, value: str) -> bytes:
-    """Return `value` as UTF-8 for one line of a frame; FramingError if it cannot be."""
-    if not isinstance(value, str):
-        raise FramingError(f"{name} must be a str, got {type(value).__name__}")
-    if "\r" in value or "\n" in value or "\x00" in value:
-        raise FramingError(f"{name} must not contain CR, LF or NUL: {value!r}")
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise FramingError(f"{name} is not encodable as UTF-8: {value!r}") from exc
-
-
-def parse_last_event_id(raw: str | bytes | None) -> int | None:
-    """Parse a ``Last-Event-ID`` header value strictly into a cursor (EB-13).
-
-    Accepts only ASCII decimal digits (leading zeros allowed) with a value
-    <= MAX_EVENT_ID and returns that int (``"0"`` is the valid cursor 0). Returns None
-    for anything else: None, empty, spaces, sign, fraction, exponent, hex, ``"1,2"``,
-    too large, non-ASCII digits, a trailing newline. Bytes are decoded as latin-1, so
-    any non-ASCII byte is rejected. Never raises; linear in the input length.
-    """
-    text = _header_text(raw)
-    if text is None or _ASCII_DIGITS.fullmatch(text) is None:
-        return None
-    significant = text.lstrip("0") or "0"
-    if len(significant) > _MAX_EVENT_ID_DIGITS:
-        return None
-    value = int(significant)
-    return value if value <= MAX_EVENT_ID else None
-
-
-def parse_epoch(raw: str | bytes | None) -> str | None:
-    """Parse an ``X-Event-Epoch`` header value (EB-13, EB-10).
-
-    Returns the value as a str when it is 1 to 64 characters of ``[A-Za-z0-9_-]``, else
-    None (also for None). Bytes are decoded as latin-1. Never raises.
-    """
-    text = _header_text(raw)
-    if text is None or _EPOCH.fullmatch(text) is None:
-        return None
-    return text
-
-
-def sanitize_for_log(raw: str | bytes | None, limit: int = 64) -> str:
-    """Make an untrusted header value safe to put in a one-line log message (EB-13).
-
-    Bytes are decoded as latin-1; None gives ``""``. Every character that is not
-    printable is removed: control characters (category Cc: CR, LF, NUL, DEL, C1), and
-    also format characters, line/paragraph separators, non-space blanks, surrogates,
-    private-use and unassigned code points, so the result is one line and ``repr``
-    shows it unescaped.
-    The result is then clipped to `limit` characters, with "…" appended when clipped
-    (at most ``limit + 1`` characters). Raises ValueError if `limit` is negative.
-    """
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    text = _header_text(raw)
-    if text is None:
-        return ""
-    if not text.isprintable():
-        text = "".join(ch for ch in text if ch.isprintable())
-    if len(text) > limit:
-        return text[:limit] + "…"
-    return text
-
-
-def _header_text(raw: str | bytes | None) -> str | None:
-    if isinstance(raw, bytes):
-        return raw.decode("latin-1")
-    if isinstance(raw, str):
-        return raw
-    return None

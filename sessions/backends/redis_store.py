@@ -1,4 +1,4 @@
-"""The shared ring of the Redis backend: ids, epochs and replay in Redis (issue 6).
+"""The shared ring of the Redis backend: ids, epochs and replay in Redis.
 
 Layout (``P`` = the key prefix, ``S`` = a session id; the ``{S}`` hash tag keeps a
 session's keys in one Redis Cluster slot):
@@ -50,6 +50,8 @@ import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from sessions.backends.errors import BackendUnavailableError
 
 __all__ = [
     "BackendUnavailableError",
@@ -154,10 +156,6 @@ local base = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'last', base, 'first', base + 1)
 return {ARGV[1], 1}
 """
-
-
-class BackendUnavailableError(Exception):
-    """Redis could not be reached or did not answer in time (a 503 for callers)."""
 
 
 @dataclass(frozen=True, slots=True)

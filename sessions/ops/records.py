@@ -10,18 +10,19 @@ What is recorded (``sessions.models``)
     ``slow_client_warning`` and ``client_evicted`` frame written to a client, with the
     exact JSON envelope it received (the ``data:`` line, cut from the bytes written).
 
-The hook API (what ``sessions.stream`` calls)
-    ``record = records.connection_opened(...)`` once the subscriber is attached, then
-    ``record.frame_written(frame_type, nbytes, chunk)`` after each frame went to
-    ``send``, ``record.bytes_written(nbytes)`` for ``retry:`` and heartbeats, and
-    ``record.closed(reason, detail)`` once (later calls are ignored).
+How it learns what happens
+    :class:`Recorder` is a :class:`~sessions.hooks.Listener`, connected in
+    ``AppConfig.ready``: each connection the stream route announces gets a
+    :class:`ConnectionRecord` as its observer, told every frame after ``send`` accepted it
+    (with the exact JSON of its ``data:`` line), the bytes that are not frames (``retry:``,
+    heartbeats), and once how the stream ended (later calls are ignored).
 
 Concurrency model and cost
     Everything here runs on the server's event loop (EB-11) and only touches memory:
     no method awaits, touches the database or raises, so the stream may call them in its
     frame loop and nothing here is on the publish path at all. A background task on the
-    loop (:meth:`Recorder.run`, started when :func:`sessions.runtime.attach_server_loop`
-    captures the loop) writes the pending batch through ``database_sync_to_async``:
+    loop (:meth:`Recorder.run`, started by :mod:`sessions.ops.lifecycle` when the server's
+    loop is attached) writes the pending batch through ``database_sync_to_async``:
     every ``RECORDS_FLUSH_INTERVAL_S`` seconds when something is pending, at once when
     ``RECORDS_BATCH_SIZE`` changes are pending, and at shutdown. One write is one
     transaction of two bulk statements. Writes are idempotent upserts keyed by ids made
@@ -29,7 +30,7 @@ Concurrency model and cost
     is simply put back and written again.
 
 Losing nothing on a clean shutdown
-    See :mod:`sessions.lifecycle`: the server's shutdown path waits (bounded) for the
+    See :mod:`sessions.ops.lifecycle`: the server's shutdown path waits (bounded) for the
     streams it cancels to record their end, closes the rest as ``server_shutdown`` and
     writes everything (:meth:`Recorder.drain`); an ``atexit`` hook writes whatever is
     still pending synchronously (:meth:`Recorder.flush_sync`).
@@ -45,13 +46,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-import orjson
 from channels.db import database_sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
-from sessions import dashboard
+from sessions.bus import Frame
 from sessions.conf import get_config
+from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
 
 __all__ = [
@@ -59,8 +60,6 @@ __all__ = [
     "Batch",
     "ConnectionRecord",
     "Recorder",
-    "connection_opened",
-    "payload_of",
     "recorder",
     "write_batch",
 ]
@@ -71,6 +70,7 @@ INCIDENT_TYPES: Final = frozenset({"slow_client_warning", "client_evicted"})
 """Synthetic frame types that get one :class:`~sessions.models.SubscriberIncident` row."""
 
 _TERMINAL_TYPES: Final = frozenset({"client_evicted", "stream_error"})
+_SPECIAL_TYPES: Final = INCIDENT_TYPES | _TERMINAL_TYPES
 MAX_PENDING_INCIDENTS: Final = 100_000
 """Incidents kept in memory while the database refuses writes; the oldest go beyond."""
 
@@ -84,28 +84,13 @@ _UPSERT_FIELDS: Final = (
 )
 
 
-def payload_of(chunk: bytes) -> str:
-    r"""Return the JSON of the ``data:`` line of one encoded frame, exactly as written.
-
-    ``payload_of(b'event: t\ndata: {"a":1}\n\n') == '{"a":1}'``. Frames written by the
-    route have exactly one ``data`` line (EB-18). Returns ``""`` when there is none.
-    """
-    start = chunk.find(b"\ndata: ")
-    if start < 0:
-        if not chunk.startswith(b"data: "):
-            return ""
-        start = -1
-    start += len(b"\ndata: ")
-    end = chunk.find(b"\n", start)
-    return chunk[start : end if end >= 0 else len(chunk)].decode("utf-8", "replace")
-
-
 @dataclass(eq=False)
-class ConnectionRecord:
+class ConnectionRecord(ConnectionObserver):
     """The in-memory record of one subscriber connection (one future database row).
 
     Fields mirror :class:`~sessions.models.SubscriberConnection`. Made by
-    :func:`connection_opened`; updated by the stream through the three methods below.
+    :meth:`Recorder.connection_opened`; updated by the stream through the three observer
+    methods below.
     """
 
     id: uuid.UUID
@@ -133,17 +118,22 @@ class ConnectionRecord:
         """What log lines call this subscriber: ``subscriber=<label>`` (the row's id)."""
         return str(self.id)
 
-    def frame_written(self, frame_type: str, nbytes: int, chunk: bytes) -> None:
+    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
         """Count one frame that ``send`` accepted; record warnings and evictions.
 
-        ``chunk`` is the frame's encoded bytes; only ``slow_client_warning``,
-        ``client_evicted`` and ``stream_error`` frames are looked into (their ``data:``
-        line is kept as the exact payload). Never raises, never awaits.
+        Only ``slow_client_warning``, ``client_evicted`` and ``stream_error`` frames are
+        looked into: their ``payload`` (the JSON of the ``data:`` line, as written) is
+        kept. Never raises, never awaits.
         """
         self.frames_sent += 1
-        self.bytes_sent += nbytes
-        if frame_type in INCIDENT_TYPES or frame_type in _TERMINAL_TYPES:
-            self._special_frame(frame_type, payload_of(chunk))
+        self.bytes_sent += len(wire)
+        if frame.type in _SPECIAL_TYPES:
+            data = frame.get("data")
+            self._special_frame(
+                frame.type,
+                payload.decode("utf-8", "replace"),
+                data if isinstance(data, dict) else {},
+            )
         self.recorder.mark(self)
 
     def bytes_written(self, nbytes: int) -> None:
@@ -168,13 +158,7 @@ class ConnectionRecord:
             self.end_detail = "client_evicted frame never written"
         self.recorder.connection_closed(self)
 
-    def _special_frame(self, frame_type: str, payload: str) -> None:
-        try:
-            data = orjson.loads(payload).get("data") or {}
-        except (orjson.JSONDecodeError, AttributeError):
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
+    def _special_frame(self, frame_type: str, payload: str, data: dict[str, Any]) -> None:
         if frame_type in _TERMINAL_TYPES:
             self.end_payload = payload
             detail = data.get("reason") or data.get("code") or data.get("error") or ""
@@ -195,7 +179,6 @@ class ConnectionRecord:
                     "at": timezone.now(),
                     "payload": payload,
                 },
-                data,
             )
 
     def row(self) -> dict[str, Any]:
@@ -273,7 +256,7 @@ async def _write_in_thread(batch: Batch) -> None:
     await database_sync_to_async(write_batch)(batch)
 
 
-class Recorder:
+class Recorder(Listener):
     """Queue record changes in memory and write them in batches (see the module docstring).
 
     Args:
@@ -304,9 +287,6 @@ class Recorder:
         self._task: asyncio.Task[None] | None = None
         self.flushes = 0
         """Successful writes so far (for tests and the operator's curiosity)."""
-        self.shutting_down = False
-        """Set by the shutdown sequence (:mod:`sessions.lifecycle`): streams the server
-        ends from now on record ``server_shutdown``."""
 
     # -- the hot side: memory only ----------------------------------------------------
 
@@ -342,14 +322,12 @@ class Recorder:
             if self.pending >= self.batch_size:
                 self._wake_writer()
 
-    def incident(self, record: ConnectionRecord, row: dict[str, Any], data: dict[str, Any]) -> None:
-        """Queue one incident row and tell the operators' feed."""
+    def incident(self, record: ConnectionRecord, row: dict[str, Any]) -> None:
+        """Queue one incident row."""
         self._incidents.append(row)
         if len(self._incidents) > MAX_PENDING_INCIDENTS:
             del self._incidents[0]
             logger.error("records_overflow dropped=1 kind=%s", row["kind"])
-        fields = {k: v for k, v in data.items() if k not in ("kind", "session", "t")}
-        dashboard.feed.note(row["kind"], record.session_id, **fields, subscriber=record.label)
         if self.pending >= self.batch_size:
             self._wake_writer()
 
@@ -359,14 +337,6 @@ class Recorder:
         self.mark(record)
         if not self._open and self._all_closed is not None:
             self._all_closed.set()
-        dashboard.feed.note(
-            "subscriber_left",
-            record.session_id,
-            subscriber=record.label,
-            reason=record.end_reason,
-            framesSent=record.frames_sent,
-            bytesSent=record.bytes_sent,
-        )
         logger.debug(
             "subscriber_closed session=%s subscriber=%s reason=%s frames=%d bytes=%d",
             record.session_id,
@@ -386,6 +356,40 @@ class Recorder:
     def _wake_writer(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    # -- the listener: one record per connection ---------------------------------------
+
+    def connection_opened(self, info: ConnectionInfo) -> ConnectionRecord:
+        """Start recording a subscriber connection; return its record (the observer).
+
+        Called on the loop once the subscriber is attached (so refused requests leave no
+        row). Never awaits, never raises.
+        """
+        record = ConnectionRecord(
+            id=info.id,
+            session_id=info.session_id,
+            auth=info.auth,
+            user_id=info.user_id,
+            subject=info.subject[:150],
+            client_addr=info.client_addr[:64],
+            user_agent=info.user_agent[:300],
+            client_id=info.client_id[:200],
+            max_queued=info.max_queued,
+            resumed_from=info.resumed_from,
+            opened_at=timezone.now(),
+            recorder=self,
+        )
+        self.opened(record)
+        logger.debug(
+            "subscriber_opened session=%s subscriber=%s auth=%s subject=%s client=%s max_queued=%d",
+            info.session_id,
+            record.label,
+            info.auth,
+            record.subject or "-",
+            record.client_addr or "-",
+            info.max_queued,
+        )
+        return record
 
     # -- the writer: a task on the server's loop -----------------------------------------
 
@@ -493,7 +497,6 @@ class Recorder:
         if self._task is not None and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._task.cancel)
         self._task = self._loop = self._wake = self._all_closed = self._lock = None
-        self.shutting_down = False
         self._open.clear()
         self._dirty.clear()
         self._incidents.clear()
@@ -526,58 +529,4 @@ class _Snapshot:
 
 
 recorder = Recorder()
-"""The process-wide recorder (one per server process, like the bus registry)."""
-
-
-def connection_opened(
-    *,
-    connection_id: uuid.UUID,
-    session_id: str,
-    auth: str,
-    user_id: int | None,
-    subject: str,
-    client_addr: str,
-    user_agent: str,
-    client_id: str,
-    max_queued: int,
-    resumed_from: int | None,
-) -> ConnectionRecord:
-    """Start recording a subscriber connection; return its handle (see the module docs).
-
-    Call on the loop once the subscriber is attached (so refused requests leave no
-    row). Tells the operators' feed ``subscriber_joined``. Never awaits, never raises.
-    """
-    record = ConnectionRecord(
-        id=connection_id,
-        session_id=session_id,
-        auth=auth,
-        user_id=user_id,
-        subject=subject[:150],
-        client_addr=client_addr[:64],
-        user_agent=user_agent[:300],
-        client_id=client_id[:200],
-        max_queued=max_queued,
-        resumed_from=resumed_from,
-        opened_at=timezone.now(),
-        recorder=recorder,
-    )
-    recorder.opened(record)
-    dashboard.feed.note(
-        "subscriber_joined",
-        session_id,
-        subscriber=record.label,
-        subject=record.subject,
-        clientAddr=record.client_addr,
-        clientId=record.client_id,
-        maxQueued=max_queued,
-    )
-    logger.debug(
-        "subscriber_opened session=%s subscriber=%s auth=%s subject=%s client=%s max_queued=%d",
-        session_id,
-        record.label,
-        auth,
-        record.subject or "-",
-        record.client_addr or "-",
-        max_queued,
-    )
-    return record
+"""The process's recorder (connected to :data:`sessions.hooks.hooks` by ``sessions.apps``)."""

@@ -3,9 +3,9 @@
 * :class:`Publisher` posts events (``POST /session/<id>/events``) over one keep-alive
   connection, retrying while the server is not up yet.
 * :class:`EventStreamClient` reads ``GET /session/<id>/events`` with
-  :class:`sessions.sse.SSEParser` and reconnects the way EventSource does: with
+  :class:`sessions.wire.SSEParser` and reconnects the way EventSource does: with
   ``Last-Event-ID`` (and the ``X-Event-Epoch`` it came from) after the server's
-  ``retry`` delay, stopping for good on 204 (spec SC-9 ... SC-11, EB-13).
+  ``retry`` delay, stopping for good on 204 (SC-9 ... SC-11, EB-13 of docs/protocol.md).
 
 Neither imports Django, so they work against any running server.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from sessions.sse import DEFAULT_RETRY_MS, ServerSentEvent, SSEParser
+from sessions.wire import DEFAULT_RETRY_MS, ServerSentEvent, SSEParser
 
 __all__ = ["ApiCallError", "EventStreamClient", "Publisher", "StreamEnd"]
 

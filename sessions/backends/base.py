@@ -1,0 +1,495 @@
+"""The backend seam: :class:`Backend`, what every backend offers, and what they share.
+
+A backend holds the live sessions of this process: it loads a session's row on first use,
+builds its :class:`~sessions.bus.EventBus` (the memory backend) or a mirror of a shared
+ring (the Redis backend), publishes, subscribes with a cursor, closes, snapshots, and
+answers operators (statistics, subscribers, disconnects, health) — for one process or
+for every process of a deployment. Which backend runs is chosen in one place,
+:func:`sessions.backends.get_backend` (setting ``BACKEND``: ``memory``, ``redis`` or the
+dotted path of a class of your own, as Channels builds its channel layer). A new backend
+is a new module with a subclass of :class:`Backend`; nothing else changes.
+
+Concurrency model: a backend's sessions belong to the server's event loop (EB-11,
+:attr:`Backend.loop`); every coroutine here runs there, database work goes through
+``channels.db.database_sync_to_async`` (a worker thread for one query, never one per
+stream). Code on other threads uses :attr:`Backend.loop` and the ``*_blocking``
+methods. A backend announces what happens (a session closed, the loop attached) to its
+:class:`~sessions.hooks.Hooks`; it never imports the operator or web side.
+
+State: everything a backend knows (its registry of live sessions, its server loop, its
+background tasks, a store's connections) is state of the backend object, so a test
+builds one, uses it and drops it (:meth:`Backend.aclose`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+from channels.db import database_sync_to_async
+
+from sessions.backends import rows
+from sessions.backends.errors import (
+    BackendUnavailableError,
+    SessionClosedError,
+    SessionNotFoundError,
+)
+from sessions.bus import BusStats, EventBus, Registry, Subscription
+from sessions.conf import QwenwebConfig
+from sessions.hooks import Hooks
+from sessions.runtime import ServerLoop
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "Disconnected",
+    "Health",
+    "LiveSession",
+    "Published",
+    "SessionClosedError",
+    "SessionNotFoundError",
+    "snapshot_json",
+]
+
+logger = logging.getLogger("qwenweb.backend")
+
+#: After a failed reservation renewal, the next attempt waits this long (seconds).
+RENEWAL_RETRY_S = 5.0
+#: How long an operator page waits for the cluster's figures (multi-process backends).
+OPERATOR_STATS_TIMEOUT_S = 2.0
+
+
+@dataclass(eq=False)
+class LiveSession:
+    """An open session loaded in this process: its bus and what checks need without a query."""
+
+    session_id: str
+    title: str
+    owner_id: int | None
+    bus: EventBus
+    reserved_until: int
+    created_at: str
+    ring_size: int = 0
+    _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
+    # No new reservation attempt before this time (monotonic s) after a failed one.
+    _renew_not_before: float = field(default=0.0, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publish returns: the event's ``id`` and the ``epoch`` of its sequence."""
+
+    id: int
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """What :meth:`Backend.disconnect_everywhere` did.
+
+    ``here``: subscribers ended in this process. ``told``: how many other processes
+    received the request (each ends its own and sends no count back): 0 for a
+    single-process backend, None when the shared store could not be reached.
+    """
+
+    here: int
+    told: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Whether the backend can serve: ``ok``, and ``problems`` in words when not."""
+
+    ok: bool
+    problems: tuple[str, ...] = ()
+
+
+def snapshot_json(live: LiveSession, subscriber_count: int | None = None) -> bytes:
+    """Return the load-session body: metadata, cursor, epoch and the ring.
+
+    Shape: ``{"id", "title", "status", "createdAt", "lastEventId", "epoch",
+    "subscriberCount", "ringSize", "earliestAvailableId", "events": [...]}``; ``events``
+    starts with a synthetic ``{"v":1,"type":"history_truncated","data":
+    {"earliestAvailableId": N}}`` when events before the ring's first were dropped. Event
+    bytes are the ones serialized at publish time (``orjson.Fragment``), not re-encoded.
+    ``subscriber_count`` overrides this process's count (a sum over processes).
+    """
+    bus = live.bus
+    ring = bus.ring_snapshot()
+    earliest = ring[0].id if ring else bus.next_id
+    assert earliest is not None
+    events: list[Any] = []
+    if earliest > 1:
+        events.append(
+            {"v": 1, "type": "history_truncated", "data": {"earliestAvailableId": earliest}}
+        )
+    events.extend(orjson.Fragment(f.json) if f.json is not None else dict(f) for f in ring)
+    return orjson.dumps(
+        {
+            "id": live.session_id,
+            "title": live.title,
+            "status": "closed" if bus.closed else "open",
+            "createdAt": live.created_at,
+            "lastEventId": bus.last_event_id,
+            "epoch": bus.epoch,
+            "subscriberCount": (
+                bus.subscriber_count if subscriber_count is None else subscriber_count
+            ),
+            "ringSize": bus.ring_size,
+            "earliestAvailableId": earliest,
+            "events": events,
+        },
+        default=str,
+    )
+
+
+def subscriber_row(process: str, live: LiveSession, subscription: Subscription) -> dict[str, Any]:
+    """One row of :meth:`Backend.list_subscribers` for an attached ``subscription``.
+
+    Shape: ``{"id", "process", "user", "clientId", "address", "since" (epoch s),
+    "lastEventId" (None before any event), "lag" (events behind the head),
+    "queuedFrames", "queuedBytes"}``; ``user``, ``clientId`` and ``address`` come from
+    the details the transport attached (``""`` when none).
+    """
+    queue = subscription.statistics()
+    details: Mapping[str, Any] = subscription.details or {}
+    last_sent = subscription.last_event_id
+    head = live.bus.last_event_id
+    return {
+        "id": subscription.label,
+        "process": process,
+        "user": str(details.get("user", "")),
+        "clientId": str(details.get("clientId", "")),
+        "address": str(details.get("address", "")),
+        "since": subscription.since,
+        "lastEventId": last_sent,
+        "lag": max(0, head - (last_sent if last_sent is not None else live.bus.start_id - 1)),
+        "queuedFrames": queue.live_count + queue.forced_count,
+        "queuedBytes": queue.live_bytes,
+    }
+
+
+class Backend(ABC):
+    """The interface every backend implements, and the parts they share.
+
+    Args:
+        config: the effective settings (``sessions.conf.get_config()``).
+        hooks: where the backend announces sessions closed and the loop attached.
+
+    Subclasses implement :meth:`_load`, :meth:`publish` and :meth:`close_session`; a
+    multi-process backend also overrides the operator methods to see every process.
+    """
+
+    #: Whether several server processes may share this backend's sessions.
+    supports_multiple_processes: ClassVar[bool] = False
+    #: What log lines and settings call the backend.
+    name: ClassVar[str] = "backend"
+    #: What operator pages call its shared store ("Redis is unavailable").
+    store_label: ClassVar[str] = "The event store"
+
+    @classmethod
+    def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
+        """``check --deploy``: ``[(problem, hint)]`` for this backend (sync; may do I/O)."""
+        return []
+
+    def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.registry: Registry[LiveSession] = Registry()
+        self.loop = ServerLoop(hooks)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def process_id(self) -> str:
+        """What operator pages call this process (``host:pid``)."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def get_live_session(self, session_id: str) -> LiveSession:
+        """Return the loaded session ``session_id``, loading it if needed (on the loop).
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SessionClosedError: the session is closed.
+            BackendUnavailableError: the shared store cannot be reached.
+        """
+        live = self.registry.get(session_id)
+        if live is not None:
+            if live.bus.closed:
+                raise SessionClosedError(session_id, live.owner_id)
+            return live
+        self.loop.attach()
+        loaded = await self.registry.get_or_create(session_id, lambda: self._load(session_id))
+        assert loaded is not None  # the factory raises instead of returning None
+        return loaded
+
+    @abstractmethod
+    async def _load(self, session_id: str) -> LiveSession:
+        """Build the live session of an open row (raises as :meth:`get_live_session`)."""
+
+    @abstractmethod
+    async def publish(self, live: LiveSession, event: Mapping[str, Any]) -> Published | None:
+        """Publish ``event`` in the session (EB-2): its id and epoch, or None.
+
+        None when the session is closed or the event cannot be framed or serialized (one
+        log line). Raises :class:`BackendUnavailableError` when a shared store cannot be
+        reached (a single-process backend never raises).
+        """
+
+    @abstractmethod
+    async def close_session(self, session_id: str, *, reason: str, closed_by: str = "") -> int:
+        """Publish ``session_closed``, close the bus (EB-9), mark the row; return the last id.
+
+        Announces :meth:`Hooks.session_closed`. Raises :class:`SessionNotFoundError` or
+        :class:`SessionClosedError` (already closed).
+        """
+
+    async def subscribe(
+        self,
+        live: LiveSession,
+        *,
+        last_event_id: int | None = None,
+        max_queued: int,
+        epoch: str | None = None,
+        label: str = "-",
+        details: Mapping[str, Any] | None = None,
+    ) -> tuple[LiveSession, Subscription]:
+        """Attach a subscriber (EB-6, EB-7); return the live session used and the subscription.
+
+        ``details`` (who, from where) are kept on the subscription for
+        :meth:`list_subscribers`. Raises ``SubscriberLimitExceededError`` (EB-6) and, for
+        a shared store, :class:`SessionClosedError` / :class:`BackendUnavailableError`.
+        """
+        subscription = live.bus.subscribe(
+            last_event_id=last_event_id, max_queued=max_queued, epoch=epoch, label=label
+        )
+        subscription.details = details
+        return live, subscription
+
+    async def caught_up(self, live: LiveSession) -> LiveSession:
+        """Return the session holding every event issued before the call (read your writes).
+
+        A single-process backend's bus assigns the ids itself: ``live``.
+        """
+        return live
+
+    async def snapshot(self, live: LiveSession) -> bytes:
+        """Return the load-session body (:func:`snapshot_json`) with every event published
+        before the call and the subscriber count of every process.
+
+        Raises :class:`SessionClosedError` / :class:`BackendUnavailableError` (shared store).
+        """
+        return snapshot_json(await self.caught_up(live))
+
+    # -- ids reserved ahead (EB-1: never reissued) ------------------------------------
+
+    def keep_reservation_ahead(self, live: LiveSession, event_id: int) -> None:
+        """Renew the row's id reservation in the background once half a block is used.
+
+        Never raises, never awaits. A single-process backend logs an overrun (an id past
+        the reservation): it means the database refused the renewals.
+        """
+        block = self.config.id_reservation_block
+        if (
+            event_id > live.reserved_until - block // 2
+            and live._renewal is None
+            and time.monotonic() >= live._renew_not_before
+        ):
+            live._renewal = self.spawn(self._renew_reservation(live, event_id, block))
+        if event_id > live.reserved_until and not self.supports_multiple_processes:
+            # (With several processes another one may have renewed the row's reservation
+            # already; this process's figure is only a lower bound.)
+            logger.error(
+                "id_reservation_overrun session=%s id=%d reserved_until=%d",
+                live.session_id,
+                event_id,
+                live.reserved_until,
+            )
+
+    async def _renew_reservation(self, live: LiveSession, event_id: int, block: int) -> None:
+        try:
+            target = max(event_id, live.bus.last_event_id) + block
+            await self.save_progress(live, reserved_until=target)
+            live.reserved_until = max(live.reserved_until, target)
+        except Exception as exc:
+            # One line per failed attempt, at most one attempt per RENEWAL_RETRY_S: a
+            # database that is down must not turn every publish into a traceback.
+            live._renew_not_before = time.monotonic() + RENEWAL_RETRY_S
+            logger.error(
+                "id_reservation_failed session=%s error=%s retry_in_s=%g",
+                live.session_id,
+                f"{type(exc).__name__}: {exc}",
+                RENEWAL_RETRY_S,
+            )
+        finally:
+            live._renewal = None
+
+    async def save_progress(self, live: LiveSession, **fields: Any) -> None:
+        """Persist the bus's counters on the row (:func:`rows.save_progress`), off the loop."""
+        await database_sync_to_async(rows.save_progress)(
+            live.session_id,
+            live.bus.stats(),
+            shared=self.supports_multiple_processes,
+            **fields,
+        )
+
+    def spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+        """Run ``coroutine`` as a background task of this backend (awaited by :meth:`flush_all`)."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # -- operators --------------------------------------------------------------------
+
+    def live_stats(self, session_ids: Iterable[str] | None = None) -> dict[str, BusStats]:
+        """Return ``{session id: bus.stats()}`` of this process's sessions (EB-10), on the loop.
+
+        ``session_ids`` limits the answer; None means every loaded session. Never raises,
+        never awaits, never touches a subscriber queue.
+        """
+        wanted = None if session_ids is None else set(session_ids)
+        return {
+            live.session_id: live.bus.stats()
+            for live in self.registry.values()
+            if wanted is None or live.session_id in wanted
+        }
+
+    async def other_reports(self) -> list[dict[str, Any]]:
+        """Return the reports of every other live process (``[]`` for one process).
+
+        Raises :class:`BackendUnavailableError` (shared store unreachable).
+        """
+        return []
+
+    def cluster_stats(
+        self, others: Sequence[Mapping[str, Any]], session_ids: Iterable[str] | None = None
+    ) -> dict[str, BusStats]:
+        """Sum this process's fresh figures with ``others`` (:meth:`other_reports`), on the
+        loop; with ``others`` empty this is :meth:`live_stats`. Never awaits."""
+        return self.live_stats(session_ids)
+
+    async def operator_stats(self, session_ids: Iterable[str] | None = None) -> dict[str, BusStats]:
+        """Live figures per session for operators, on the loop: this process's, or the sum
+        over every live process. Raises :class:`BackendUnavailableError` (shared store)."""
+        return self.cluster_stats(await self.other_reports(), session_ids)
+
+    def operator_stats_blocking(
+        self,
+        session_ids: Iterable[str] | None = None,
+        *,
+        timeout_s: float = OPERATOR_STATS_TIMEOUT_S,
+    ) -> dict[str, BusStats]:
+        """Return :meth:`operator_stats` from sync code in another thread (admin, pages).
+
+        ``{}`` when this process has no server loop (nothing is loaded). Blocks for about
+        ``timeout_s`` at most.
+
+        Raises:
+            TimeoutError: the server loop did not answer in time.
+            BackendUnavailableError: the shared store is unreachable or too slow.
+        """
+        return self.loop.call(lambda: self.live_stats(session_ids), default={}, timeout_s=timeout_s)
+
+    async def subscriber_count(self, live: LiveSession) -> int:
+        """Subscribers of the session in every process (this one's for one process)."""
+        return live.bus.subscriber_count
+
+    async def list_subscribers(self, session_id: str) -> list[dict[str, Any]]:
+        """Return the session's current subscribers in every process, oldest first.
+
+        Rows as :func:`subscriber_row`. A multi-process backend's other processes' rows are
+        at most one report interval old. Raises :class:`BackendUnavailableError`.
+        """
+        return self.local_subscribers(session_id)
+
+    def local_subscribers(self, session_id: str) -> list[dict[str, Any]]:
+        """This process's rows of :meth:`list_subscribers`, on the loop. Never raises."""
+        live = self.registry.get(session_id)
+        if live is None:
+            return []
+        return [subscriber_row(self.process_id, live, s) for s in live.bus.subscriptions()]
+
+    async def disconnect_subscriber(
+        self, session_id: str, subscriber_id: str, *, reason: str
+    ) -> bool:
+        """End one subscriber (by its id, the connection id) with a terminal frame.
+
+        Returns whether it was found in this process; a multi-process backend also tells
+        every other process (then True means "asked"). Raises
+        :class:`BackendUnavailableError` when the others cannot be told.
+        """
+        return self.disconnect_local_subscriber(session_id, subscriber_id, reason)
+
+    def disconnect_local_subscriber(self, session_id: str, subscriber_id: str, reason: str) -> bool:
+        """End this process's subscriber ``subscriber_id`` of the session; whether found."""
+        live = self.registry.get(session_id)
+        if live is None:
+            return False
+        for subscription in live.bus.subscriptions():
+            if subscription.label == subscriber_id:
+                return live.bus.disconnect(subscription, reason)
+        return False
+
+    async def disconnect_everywhere(self, session_id: str, *, reason: str) -> Disconnected:
+        """End every subscriber of a session with a terminal frame, here and (shared store)
+        in every other process. The session stays open; clients may reconnect.
+
+        Never raises: an unreachable store gives ``told=None`` (local ones are ended).
+        """
+        live = self.registry.get(session_id)
+        return Disconnected(live.bus.disconnect_all(reason) if live is not None else 0, 0)
+
+    async def disconnect_subscribers(self, session_id: str, *, reason: str) -> int:
+        """:meth:`disconnect_everywhere`, returning the count in this process.
+
+        Raises :class:`BackendUnavailableError` when the other processes were not told.
+        """
+        done = await self.disconnect_everywhere(session_id, reason=reason)
+        if done.told is None:
+            raise BackendUnavailableError(
+                "the event store is unavailable: no other process was told"
+            )
+        return done.here
+
+    def end_all_streams(self, reason: str) -> int:
+        """End every subscriber of every loaded session (shutdown); return how many."""
+        return sum(live.bus.disconnect_all(reason) for live in self.registry.values())
+
+    async def relay_activity(  # noqa: B027 - optional: nothing to relay in one process
+        self, items: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Send operator activity ``items`` to every other process (nothing for one process).
+
+        Each other process announces them with :meth:`Hooks.activity_received`.
+        Raises :class:`BackendUnavailableError`.
+        """
+
+    async def health(self) -> Health:
+        """Whether this backend can serve now (a shared store answers, its reader runs)."""
+        return Health(True)
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    async def flush_all(self) -> None:
+        """Persist every loaded session's counters and wait for pending renewals (shutdown)."""
+        for live in self.registry.values():
+            await self.save_progress(live)
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def aclose(self) -> None:  # noqa: B027 - optional: most backends hold nothing
+        """Release what the backend holds (connections, tasks). Idempotent; never raises."""
+
+    def forget(self) -> None:
+        """Drop every loaded session without ending anything (tests: a new process)."""
+        self.registry.clear()

@@ -1,0 +1,669 @@
+"""The Redis backend: ids, epoch and the ring live in Redis, shared by every process.
+
+Setting ``BACKEND = "redis"`` (``REDIS_URL``, ``REDIS_KEY_PREFIX``, ``PROCESS_TTL_S``).
+The store itself (keys, Lua scripts, the reader task) is :mod:`sessions.backends.redis_store`.
+
+Mirrors
+    Here a session's bus is a *mirror*: it takes the events in id order from this
+    process's one reader task (:meth:`EventBus.ingest`) and keeps the local subscriber
+    queues, so backpressure, warnings and evictions stay local and exact (EB-3 ... EB-5,
+    EB-21). A publish goes to Redis and reaches every process's mirror through its reader,
+    this one included. A cursor ahead of the mirror but issued in Redis is waited for
+    before the subscriber attaches, so a client resuming on another process misses
+    nothing. Mirrors without subscribers for ``MIRROR_IDLE_UNLOAD_S`` are unloaded.
+
+Epochs (EB-7)
+    When Redis has lost a session's data the next load starts a new epoch whose ids
+    continue above the database's reserved high-water mark. When Redis comes back with
+    *older* data than it gave out (restored from a snapshot), the session restarts in a
+    new epoch above every id this process knows was issued: no id is ever issued twice.
+
+Failures
+    Redis unreachable, full or busy: publish and new streams raise
+    :class:`BackendUnavailableError` (503); open streams get one ``stream_error`` (code
+    ``backend_unavailable``) and end; everything resumes when Redis returns.
+
+Operators
+    Each process writes its live figures (and its subscribers) to Redis every
+    ``PROCESS_TTL_S / 4`` with a time to live; operators see sums over the live processes.
+    Disconnects and dashboard activity reach the other processes over a prefixed pub/sub
+    control channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from sessions.backends import rows
+from sessions.backends.base import (
+    Backend,
+    Disconnected,
+    Health,
+    LiveSession,
+    Published,
+    snapshot_json,
+)
+from sessions.backends.errors import BackendUnavailableError, SessionClosedError
+from sessions.backends.redis_store import RedisStore, entry_json, read_reports_blocking
+from sessions.backends.reports import make_report, merge_reports
+from sessions.bus import (
+    BusStats,
+    EventBus,
+    Frame,
+    Subscription,
+    encode_envelope,
+    envelope_fields,
+    synthetic_frame,
+)
+from sessions.conf import QwenwebConfig
+from sessions.hooks import Hooks
+from sessions.models import AgentSession
+
+__all__ = ["RedisBackend", "RedisLiveSession"]
+
+logger = logging.getLogger("qwenweb.runtime")
+
+#: How long a new stream waits for this process's reader to reconnect after an outage.
+READER_RECOVERY_WAIT_S = 2.0
+#: The Redis stream keeps at least this many entries whatever the ring size: it is also
+#: the transport between processes, and a reader a little behind a tiny ring must not see
+#: a gap (the local ring still keeps ``ring_size``).
+STREAM_MIN_ENTRIES = 1000
+#: How long a subscriber with a cursor waits for this process's mirror to reach it.
+CATCH_UP_TIMEOUT_S = 5.0
+#: A mirror without subscribers for this long is unloaded: the reader then reads only the
+#: streams of sessions with local subscribers (or recent ones); a later use reloads it.
+MIRROR_IDLE_UNLOAD_S = 60.0
+
+
+@dataclass(eq=False)
+class RedisLiveSession(LiveSession):
+    """A live session whose bus mirrors the shared ring."""
+
+    # Set (and replaced) each time the mirror takes new events.
+    _advanced: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Since when the mirror has had no subscriber (monotonic s), or None.
+    _idle_since: float | None = field(default=None, repr=False)
+
+
+def _frame_from_entry(event_id: int, body: bytes) -> Frame:
+    encoded = entry_json(event_id, body)
+    return Frame(orjson.loads(encoded), encoded)
+
+
+def _backend_error_frame() -> Frame:
+    return synthetic_frame(
+        "stream_error", {"error": "event store unavailable", "code": "backend_unavailable"}
+    )
+
+
+class RedisBackend(Backend):
+    """Sessions shared by every server process through Redis (module docstring)."""
+
+    supports_multiple_processes: ClassVar[bool] = True
+    name: ClassVar[str] = "redis"
+    store_label: ClassVar[str] = "Redis"
+
+    @classmethod
+    def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
+        """Redis must answer at ``REDIS_URL`` (one PING, 1 s timeouts)."""
+        import redis
+
+        client = redis.Redis.from_url(
+            config.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0
+        )
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            return [
+                (
+                    "BACKEND is 'redis' but Redis does not answer at the configured URL: "
+                    f"{type(exc).__name__}",
+                    "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL; until "
+                    "it answers, publish and new streams get 503.",
+                )
+            ]
+        finally:
+            client.close()
+        return []
+
+    def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
+        super().__init__(config, hooks)
+        self._store: RedisStore | None = None
+        # The highest id this process knows was issued per session (its mirrors, its
+        # publishes, the row's saved last id): kept across mirror reloads and Redis
+        # outages, so that a Redis that comes back with older data than it gave out is
+        # recognised (see _restart_epoch).
+        self._known_last: dict[str, int] = {}
+
+    # -- the store ---------------------------------------------------------------------
+
+    def store(self) -> RedisStore:
+        """Return this loop's :class:`RedisStore`; its reader starts on first use (on the loop)."""
+        loop = asyncio.get_running_loop()
+        if self._store is None or self._store.loop is not loop:
+            config = self.config
+            self._store = RedisStore(
+                config.redis_url, config.redis_key_prefix, process_ttl_s=config.process_ttl_s
+            )
+            self._store.start(
+                self._on_entries,
+                self._on_outage,
+                self._on_recovery,
+                self._on_control,
+                self._report_and_sweep,
+            )
+        return self._store
+
+    @property
+    def open_store(self) -> RedisStore | None:
+        """The store if one was started (None before first use and after :meth:`aclose`)."""
+        return self._store
+
+    @property
+    def process_id(self) -> str:
+        return self._store.process_uid if self._store is not None else super().process_id
+
+    async def aclose(self) -> None:
+        """Stop the Redis reader and close its connections (shutdown, tests). Never raises."""
+        store, self._store = self._store, None
+        if store is not None and not store.loop.is_closed():
+            try:
+                await store.aclose()
+            except Exception:
+                logger.debug("closing the Redis store failed", exc_info=True)
+
+    async def health(self) -> Health:
+        try:
+            store = self.store()
+            await store.wait_available(READER_RECOVERY_WAIT_S)
+        except BackendUnavailableError as exc:
+            return Health(False, (f"redis: {exc}",))
+        if not store.available:
+            return Health(False, ("redis: this process's reader lost Redis",))
+        return Health(True)
+
+    # -- ids ---------------------------------------------------------------------------
+
+    def _note_issued(self, session_id: str, event_id: int) -> None:
+        if event_id > self._known_last.get(session_id, 0):
+            self._known_last[session_id] = event_id
+
+    def _known_last_id(self, live: LiveSession) -> int:
+        return max(self._known_last.get(live.session_id, 0), live.bus.last_event_id)
+
+    async def _restart_epoch(
+        self, live: LiveSession, stale_epoch: str | None, reason: str, known_last_id: int
+    ) -> None:
+        """Replace the session's data in Redis with a new epoch above every id ever issued.
+
+        For data Redis went back in time on (restored from a snapshot older than what it
+        gave out): in that epoch ids would be issued twice. The new epoch starts above the
+        row's reserved mark (read now: another process may have moved it) and every id
+        this process knows of, so every old cursor resyncs (EB-7). ``known_last_id`` is
+        what the caller knew *before* it read Redis: Redis refuses the restart
+        (atomically) if its last id has reached it since, i.e. if the data was not stale.
+        """
+        store = self.store()
+        block = self.config.id_reservation_block
+        row_reserved = await database_sync_to_async(rows.row_reserved)(live.session_id)
+        base = max(row_reserved, live.reserved_until, known_last_id, self._known_last_id(live))
+        epoch, replaced = await store.restart_epoch(
+            live.session_id, stale_epoch, base, known_last_id
+        )
+        if replaced:
+            live.reserved_until = await database_sync_to_async(rows.reserve_after_new_epoch)(
+                live.session_id, base, block
+            )
+            logger.error(
+                "epoch_restarted session=%s reason=%s stale_epoch=%s epoch=%s first_id=%d",
+                live.session_id,
+                reason,
+                stale_epoch,
+                epoch,
+                base + 1,
+            )
+
+    # -- loading a mirror --------------------------------------------------------------
+
+    async def _load(self, session_id: str) -> LiveSession:
+        """Load the session's row, make sure Redis has its sequence, build the mirror."""
+        config = self.config
+        row = await database_sync_to_async(rows.load_row)(session_id)
+        store = self.store()
+        base = row.event_id_reserved
+        epoch, created = await store.ensure_session(session_id, base)
+        reserved_until = base
+        if created:
+            reserved_until = await database_sync_to_async(rows.reserve_after_new_epoch)(
+                session_id, base, config.id_reservation_block
+            )
+            logger.info(
+                "epoch_started session=%s epoch=%s first_id=%d reserved_until=%d",
+                session_id,
+                epoch,
+                base + 1,
+                reserved_until,
+            )
+        live = RedisLiveSession(
+            session_id=session_id,
+            title=row.title,
+            owner_id=row.owner_id,
+            bus=EventBus(ring_size=1, name=session_id),  # replaced by the mirror below
+            reserved_until=reserved_until,
+            created_at=row.created_at.isoformat(),
+            ring_size=row.ring_size or config.ring_size,
+        )
+        self._note_issued(session_id, row.last_event_id)
+        await self._build_mirror(live, store)
+        return live
+
+    async def _build_mirror(self, live: RedisLiveSession, store: RedisStore) -> None:
+        """Fill a new bus from the shared ring (one MULTI read) and start reading after it."""
+        config = self.config
+        known_last_id = self._known_last_id(live)  # before the read, as in _ready_mirror
+        window = await store.window(live.session_id)
+        if window.head.closed:
+            raise SessionClosedError(live.session_id, live.owner_id)
+        if window.head.epoch is not None and window.head.last_event_id < known_last_id:
+            await self._restart_epoch(live, window.head.epoch, "stale_data", known_last_id)
+            window = await store.window(live.session_id)
+        if window.head.epoch is None:  # lost between ensure and read: let the caller retry
+            raise BackendUnavailableError("Redis lost the session's data while loading it")
+        entries = window.entries
+        first_id = window.first_id
+        # Keep the contiguous run of ids that ends the stream: a hole (ids the stream
+        # lost) must read as "evicted" to older cursors (EB-7), never be replayed across.
+        start = len(entries) - 1
+        while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
+            start -= 1
+        if entries and start > 0:
+            logger.warning(
+                "stream_hole session=%s kept_from=%d dropped_entries=%d",
+                live.session_id,
+                entries[start][0],
+                start,
+            )
+            entries, first_id = entries[start:], entries[start][0]
+        bus = EventBus(
+            ring_size=live.ring_size,
+            max_subscribers=config.max_subscribers,
+            max_queued_bytes=config.max_queued_bytes,
+            start_id=first_id,
+            name=live.session_id,
+            epoch=window.head.epoch,
+        )
+        for event_id, body in entries:
+            bus.ingest(_frame_from_entry(event_id, body))
+        self._note_issued(live.session_id, bus.last_event_id)
+        live.bus = bus
+        store.watch(live.session_id, bus.last_event_id)
+        logger.info(
+            "mirror_loaded session=%s epoch=%s first_id=%d last_event_id=%d entries=%d",
+            live.session_id,
+            bus.epoch,
+            first_id,
+            bus.last_event_id,
+            len(entries),
+        )
+
+    def _drop_mirror(self, live: LiveSession, reason: str) -> None:
+        """Forget a mirror that no longer matches Redis; its subscribers reconnect."""
+        if self.registry.get(live.session_id) is live:
+            self.registry.pop(live.session_id)
+            if self._store is not None:  # (a newer mirror of the session keeps its reading)
+                self._store.unwatch(live.session_id)
+        count = live.bus.disconnect_all(reason)
+        _advanced(live).set()  # a subscriber waiting for this mirror to catch up retries now
+        logger.warning(
+            "mirror_dropped session=%s reason=%s subscribers=%d", live.session_id, reason, count
+        )
+
+    # -- publish and close -------------------------------------------------------------
+
+    async def publish(self, live: LiveSession, event: Mapping[str, Any]) -> Published | None:
+        """Publish through Redis: the id is assigned there and the event reaches every
+        process's subscribers through their readers. None for a closed session or an
+        event that cannot be serialized (it must cross processes as JSON).
+
+        Raises:
+            BackendUnavailableError: Redis cannot be reached (the caller answers 503).
+        """
+        fields = envelope_fields(event, None)
+        body = encode_envelope(fields) if fields is not None else None
+        if body is None:
+            if fields is not None:
+                logger.warning(
+                    "publish_refused session=%s reason=not_serializable", live.session_id
+                )
+            return None
+        event_id, epoch = await self._append(live, body, close=False)
+        if event_id is None:
+            return None
+        self.keep_reservation_ahead(live, event_id)
+        return Published(event_id, epoch)
+
+    async def _append(
+        self, live: LiveSession, body: bytes, *, close: bool
+    ) -> tuple[int | None, str]:
+        """Append ``body`` to the session's stream; ``(None, epoch)`` if the session is closed."""
+        store = self.store()
+        for _ in range(3):
+            known_last_id = self._known_last_id(live)
+            outcome = await store.publish(
+                live.session_id,
+                body,
+                max(live.ring_size, STREAM_MIN_ENTRIES),
+                close=close,
+                known_last_id=known_last_id,
+            )
+            if outcome.status == "ok":
+                assert outcome.event_id is not None
+                assert outcome.epoch is not None
+                self._note_issued(live.session_id, outcome.event_id)
+                return outcome.event_id, outcome.epoch
+            if outcome.status == "closed":
+                return None, outcome.epoch or ""
+            if outcome.status == "stale":  # Redis went back in time: never reissue an id
+                await self._restart_epoch(live, outcome.epoch, "stale_data", known_last_id)
+            # Redis lost (or we replaced) the session's data. Reload: a new epoch above
+            # the mark.
+            self._drop_mirror(live, "epoch_reset")
+            live = await self.get_live_session(live.session_id)
+        raise BackendUnavailableError("Redis keeps losing the session's data")
+
+    async def close_session(self, session_id: str, *, reason: str, closed_by: str = "") -> int:
+        """One script publishes ``session_closed`` and marks the session closed in Redis;
+        every process's reader closes its mirror after delivering it."""
+        live = await self.get_live_session(session_id)
+        event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
+        body = encode_envelope(envelope_fields(event, None) or {})
+        assert body is not None
+        last_id, _ = await self._append(live, body, close=True)
+        if last_id is None:
+            raise SessionClosedError(session_id, live.owner_id)
+        await self.save_progress(
+            live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), last_id=last_id
+        )
+        logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
+        self.hooks.session_closed(session_id, last_id)
+        return last_id
+
+    # -- subscribe: wait for the mirror to reach the cursor ------------------------------
+
+    async def subscribe(
+        self,
+        live: LiveSession,
+        *,
+        last_event_id: int | None = None,
+        max_queued: int,
+        epoch: str | None = None,
+        label: str = "-",
+        details: Mapping[str, Any] | None = None,
+    ) -> tuple[LiveSession, Subscription]:
+        """First checks the session's head in Redis (closed, epoch): a mirror whose epoch
+        Redis no longer has is rebuilt (that is how a client learns of lost data:
+        ``epoch_reset``); a cursor the mirror has not reached yet but Redis has issued is
+        waited for (at most ``CATCH_UP_TIMEOUT_S``), so replay and live meet without loss
+        or repeat on any process. Raises as :meth:`Backend.subscribe`.
+        """
+        live = await self._ready_mirror(live, last_event_id)
+        return await super().subscribe(
+            live,
+            last_event_id=last_event_id,
+            max_queued=max_queued,
+            epoch=epoch,
+            label=label,
+            details=details,
+        )
+
+    async def caught_up(self, live: LiveSession) -> LiveSession:
+        """Waits, at most ``CATCH_UP_TIMEOUT_S``, until this process's mirror has the last
+        id Redis had issued (a mirror of an epoch Redis no longer has is rebuilt), so a
+        snapshot taken after a publish returned, on any process, includes that event.
+
+        Raises:
+            SessionClosedError: Redis says the session is closed.
+            BackendUnavailableError: Redis unreachable, or the mirror did not catch up.
+        """
+        head = await self.store().head(live.session_id)
+        return await self._ready_mirror(live, head.last_event_id)
+
+    async def snapshot(self, live: LiveSession) -> bytes:
+        live = await self.caught_up(live)
+        return snapshot_json(live, await self.subscriber_count(live))
+
+    async def _ready_mirror(self, live: LiveSession, cursor: int | None) -> LiveSession:
+        store = self.store()
+        # After an outage nothing live would arrive until the reader is back: wake it, wait.
+        await store.wait_available(READER_RECOVERY_WAIT_S)
+        for _ in range(3):
+            # Taken before the read: an id issued (or mirrored) while it is in flight is
+            # not Redis going back in time.
+            known_last_id = self._known_last_id(live)
+            head = await store.head(live.session_id)
+            if head.closed:
+                raise SessionClosedError(live.session_id, live.owner_id)
+            if head.epoch is not None and head.last_event_id < known_last_id:
+                # Redis went back in time
+                await self._restart_epoch(live, head.epoch, "stale_data", known_last_id)
+                head = await store.head(live.session_id)
+            if head.epoch != live.bus.epoch or self.registry.get(live.session_id) is not live:
+                if self.registry.get(live.session_id) is live:
+                    self._drop_mirror(live, "epoch_reset")
+                live = await self.get_live_session(live.session_id)
+                continue
+            if cursor is not None and live.bus.last_event_id < cursor <= head.last_event_id:
+                await self._caught_up(live, cursor)
+                if self.registry.get(live.session_id) is not live:
+                    continue
+            return live
+        raise BackendUnavailableError("the session's data kept changing in Redis while attaching")
+
+    async def _caught_up(self, live: LiveSession, event_id: int) -> None:
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while live.bus.last_event_id < event_id and self.registry.get(live.session_id) is live:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackendUnavailableError(
+                    f"this process's reader did not reach event {event_id} in time"
+                )
+            try:
+                async with asyncio.timeout(remaining):
+                    await _advanced(live).wait()
+            except TimeoutError:
+                continue
+
+    # -- the reader's callbacks (on the loop) ------------------------------------------
+
+    def _on_entries(self, session_id: str, entries: list[tuple[int, bytes]]) -> None:
+        """Feed a session's new stream entries to its mirror, in order."""
+        live = self.registry.get(session_id)
+        if live is None or live.bus.closed:
+            if self._store is not None:
+                self._store.unwatch(session_id)
+            return
+        bus = live.bus
+        for event_id, body in entries:
+            if event_id < bus.next_id:
+                continue  # already taken (the window read and the reader overlapped)
+            frame = _frame_from_entry(event_id, body)
+            if not bus.ingest(frame):
+                # A gap: the reader fell more than a ring behind, or Redis started a new
+                # epoch (lost data) whose ids continue above ours. The mirror is stale.
+                self._drop_mirror(live, "mirror_gap")
+                break
+            self._note_issued(session_id, event_id)
+            if frame.type == "session_closed":
+                bus.close()
+                self._known_last.pop(session_id, None)  # closed for good: the row answers
+                if self._store is not None:
+                    self._store.unwatch(session_id)
+                break
+        assert isinstance(live, RedisLiveSession)
+        advanced, live._advanced = live._advanced, asyncio.Event()
+        advanced.set()
+
+    def _on_outage(self, error: BaseException) -> None:
+        """Redis went away: end every open stream with ``stream_error``, forget the mirrors."""
+        frame = _backend_error_frame()
+        ended = 0
+        for live in self.registry.values():
+            ended += live.bus.disconnect_all("backend_unavailable", frame=frame)
+            if self._store is not None:
+                self._store.unwatch(live.session_id)
+            _advanced(live).set()  # wake any waiting subscriber: it fails, its client retries
+        self.registry.clear()
+        logger.error("streams_ended reason=backend_unavailable subscribers=%d", ended)
+
+    def _on_recovery(self) -> None:
+        """Redis is back: nothing to do here, mirrors are rebuilt as clients come back."""
+
+    def _on_control(self, message: Mapping[str, Any]) -> None:
+        """A control message from another process (pub/sub; never one of this process's).
+
+        ``disconnect``: end the session's subscribers here (all, or the one named by
+        ``subscriber``). ``activity``: dashboard activity items that happened there; they
+        are announced to this process's listeners only, never relayed on.
+        """
+        op = message.get("op")
+        if op == "disconnect":
+            session_id = str(message.get("session"))
+            reason = str(message.get("reason") or "operator")
+            subscriber = message.get("subscriber")
+            if subscriber is not None:
+                self.disconnect_local_subscriber(session_id, str(subscriber), reason)
+                return
+            live = self.registry.get(session_id)
+            if live is not None:
+                live.bus.disconnect_all(reason)
+        elif op == "activity":
+            items = message.get("items")
+            if isinstance(items, list):
+                self.hooks.activity_received([item for item in items if isinstance(item, dict)])
+
+    def _report_and_sweep(self) -> dict[str, Any]:
+        """The reporter's periodic call: unload idle mirrors, then report."""
+        self.unload_idle_mirrors(time.monotonic())
+        return self._make_report()
+
+    def unload_idle_mirrors(self, now: float) -> int:
+        """Forget mirrors without a subscriber for ``MIRROR_IDLE_UNLOAD_S``; return how many."""
+        unloaded = 0
+        for live in self.registry.values():
+            assert isinstance(live, RedisLiveSession)
+            if live.bus.subscriber_count:
+                live._idle_since = None
+            elif live._idle_since is None:
+                live._idle_since = now
+            elif now - live._idle_since >= MIRROR_IDLE_UNLOAD_S and live._renewal is None:
+                self.registry.pop(live.session_id)
+                if self._store is not None:
+                    self._store.unwatch(live.session_id)
+                live._advanced.set()
+                # Its counters leave this process's report: keep them on the row.
+                self.spawn(self.save_progress(live))
+                unloaded += 1
+        if unloaded:
+            logger.info("mirrors_unloaded count=%d reason=idle", unloaded)
+        return unloaded
+
+    def _make_report(self) -> dict[str, Any]:
+        """This process's live figures and subscribers (written to Redis with a TTL)."""
+        subscribers = {
+            live.session_id: self.local_subscribers(live.session_id)
+            for live in self.registry.values()
+        }
+        return make_report(self.live_stats(), subscribers)
+
+    # -- operators ---------------------------------------------------------------------
+
+    async def other_reports(self) -> list[dict[str, Any]]:
+        store = self.store()
+        return [r for r in await store.reports() if r.get("process") != store.process_uid]
+
+    def cluster_stats(
+        self, others: Sequence[Mapping[str, Any]], session_ids: Iterable[str] | None = None
+    ) -> dict[str, BusStats]:
+        if not others:
+            return self.live_stats(session_ids)
+        return merge_reports([*others, self._make_report()], session_ids)
+
+    def operator_stats_blocking(
+        self, session_ids: Iterable[str] | None = None, *, timeout_s: float = 2.0
+    ) -> dict[str, BusStats]:
+        """The sums over every live process: on the server loop when this process has one,
+        else read with a short-lived synchronous client, so a process that has loaded
+        nothing still shows the cluster's numbers and starts nothing."""
+        if self.loop.get() is None:
+            reports = read_reports_blocking(
+                self.config.redis_url, self.config.redis_key_prefix, timeout_s=timeout_s / 3
+            )
+            return merge_reports(reports, session_ids)
+
+        async def bounded() -> dict[str, BusStats]:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await self.operator_stats(session_ids)
+            except TimeoutError:
+                raise BackendUnavailableError(
+                    f"Redis did not answer within {timeout_s} s"
+                ) from None
+
+        return self.loop.run(bounded, timeout_s=timeout_s + 1.0)
+
+    async def subscriber_count(self, live: LiveSession) -> int:
+        stats = (await self.operator_stats([live.session_id])).get(live.session_id)
+        return stats.subscriber_count if stats is not None else 0
+
+    async def list_subscribers(self, session_id: str) -> list[dict[str, Any]]:
+        rows_here = self.local_subscribers(session_id)
+        for report in await self.other_reports():
+            rows_here.extend((report.get("subscribers") or {}).get(session_id) or [])
+        return sorted(rows_here, key=lambda row: row.get("since") or 0)
+
+    async def disconnect_subscriber(
+        self, session_id: str, subscriber_id: str, *, reason: str
+    ) -> bool:
+        if self.disconnect_local_subscriber(session_id, subscriber_id, reason):
+            return True
+        message = {
+            "op": "disconnect",
+            "session": session_id,
+            "subscriber": subscriber_id,
+            "reason": reason,
+        }
+        return await self.store().send_control(message) > 0
+
+    async def disconnect_everywhere(self, session_id: str, *, reason: str) -> Disconnected:
+        live = self.registry.get(session_id)
+        here = live.bus.disconnect_all(reason) if live is not None else 0
+        message = {"op": "disconnect", "session": session_id, "reason": reason}
+        try:
+            told = await self.store().send_control(message)
+        except BackendUnavailableError as exc:
+            logger.error("disconnect_not_relayed session=%s error=%s", session_id, exc)
+            return Disconnected(here, None)
+        return Disconnected(here, told)
+
+    async def relay_activity(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """One control message ``{"op": "activity", "items": [...]}`` on the prefixed
+        control channel. Fails at once while this process's reader has lost Redis."""
+        store = self.store()
+        if not store.available:
+            raise BackendUnavailableError("Redis is unavailable (this process's reader lost it)")
+        await store.send_control({"op": "activity", "items": list(items)})
+
+
+def _advanced(live: LiveSession) -> asyncio.Event:
+    assert isinstance(live, RedisLiveSession)
+    return live._advanced

@@ -1,0 +1,385 @@
+"""One subscriber's bounded queue: :class:`Subscription` and its statistics (EB-3 ... EB-8).
+
+Overflow and forced frames (EB-3 ... EB-5)
+    Live frames (queued by ``publish``) count against two caps, ``max_queued`` frames and
+    ``max_queued_bytes`` serialized bytes. A live push that does not fit is refused, never
+    blocked; the bus then evicts the subscriber, which gets a terminal ``client_evicted``
+    after what is already queued (EB-5). At 75 % of either cap it gets one
+    ``slow_client_warning``, re-armed at 37.5 % of both (EB-4). Forced frames (replay,
+    warnings, terminal frames) bypass both caps and never count toward them; each queued
+    item carries its own live/forced tag. A frame handed straight to a consumer that is
+    already waiting is not sized at all.
+
+Like the bus (EB-11), a subscription belongs to one event loop and is not thread-safe.
+It knows its bus only through the narrow :class:`_Owner` protocol, so this module does
+not import the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Protocol
+
+from sessions.bus.frame import Frame, synthetic_frame
+from sessions.bus.limits import WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
+
+__all__ = ["Subscription", "SubscriptionStats"]
+
+logger = logging.getLogger("qwenweb.bus")
+
+# Keys of a client_evicted frame that its log line always shows; others are appended.
+_LOGGED: Final = frozenset(
+    {"reason", "droppedAfter", "queueSize", "maxQueued", "queuedBytes", "maxQueuedBytes"}
+)
+
+
+class _Owner(Protocol):
+    """What a :class:`Subscription` needs of its bus: to be detached from it (EB-8)."""
+
+    def _detach(self, sub: Subscription) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """A snapshot of one subscriber's queue (like anyio's ``statistics()``)."""
+
+    live_count: int
+    live_bytes: int
+    forced_count: int
+    max_queued: int
+    max_queued_bytes: int
+    warned: bool
+    evicted: bool
+    ended: bool
+
+
+@dataclass(slots=True)
+class _Item:
+    frame: Frame
+    live: bool  # EB-3: each item carries its own tag, never inferred from position
+
+
+class Subscription:
+    """One subscriber: an async iterator of :class:`Frame`, usable as ``async with`` (EB-6).
+
+    Iteration ends (``StopAsyncIteration``) after the terminal frame when the bus evicts
+    the subscriber, disconnects it or closes, or at once after :meth:`abort`. Waiting for
+    the next frame is cancellation-safe: a cancelled ``__anext__`` loses no frame, so a
+    caller may bound each wait with ``asyncio.timeout`` (the route does, for heartbeats).
+
+    Attributes:
+        label: what log lines call this subscriber (``subscriber=<label>``).
+        max_queued: cap on live frames queued (EB-3).
+        max_queued_bytes: cap on live serialized bytes queued (EB-3).
+        last_event_id: the id of the last event (a frame with an ``id``) handed out by
+            iteration, :meth:`next_nowait` or :meth:`next_frame`; None before any. Synthetic
+            frames leave it unchanged, so it is the subscriber's cursor (EB-7, SC-9).
+        since: when the subscription was created, ``time.time()`` (epoch seconds).
+        details: what the subscriber's owner attached for operators (who, from where), or
+            None; the bus never reads it.
+    """
+
+    __slots__ = (
+        "_bus",
+        "_end_reason",
+        "_ended",
+        "_evicted",
+        "_items",
+        "_live_bytes",
+        "_live_count",
+        "_waiter",
+        "_warned",
+        "details",
+        "label",
+        "last_event_id",
+        "max_queued",
+        "max_queued_bytes",
+        "since",
+    )
+
+    def __init__(
+        self, bus: _Owner | None, max_queued: int, max_queued_bytes: int, label: str = "-"
+    ) -> None:
+        self._bus = bus
+        self._items: deque[_Item] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._live_count = 0
+        self._live_bytes = 0
+        self._warned = False
+        self._evicted = False
+        # Set once nothing more can be queued; iteration ends when the queue is empty.
+        self._ended = bus is None
+        self._end_reason: str | None = None if bus is not None else "closed"
+        self.label = label
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.last_event_id: int | None = None
+        self.since = time.time()
+        self.details: Mapping[str, Any] | None = None
+
+    # -- consumer side -------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Frame]:
+        return self
+
+    async def __anext__(self) -> Frame:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        frame = self.next_nowait()
+        assert frame is not None
+        return frame
+
+    async def next_frame(self, timeout_s: float) -> Frame | None:
+        """Return the next frame, or None if none arrived within ``timeout_s`` seconds.
+
+        Raises ``StopAsyncIteration`` once the subscription has ended and its queue is
+        drained. Like ``__anext__`` it is cancellation-safe (a frame is never lost), and
+        it waits with one timer handle instead of an ``asyncio.timeout`` scope, which
+        matters on the per-frame path of the writer.
+        """
+        if not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiter = waiter
+            timer = loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                if self._waiter is waiter:
+                    self._waiter = None
+            if not self._items:
+                if self._ended:
+                    raise StopAsyncIteration
+                return None
+        return self.next_nowait()
+
+    def next_nowait(self) -> Frame | None:
+        """Return the next queued frame without waiting, or None if none is queued.
+
+        Never raises; an ended subscription with nothing queued also gives None (the
+        next ``__anext__`` then raises ``StopAsyncIteration``).
+        """
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        frame = item.frame
+        if item.live and self._live_count:
+            self._live_count -= 1
+            self._live_bytes -= frame.nbytes
+        if frame.id is not None:
+            self.last_event_id = frame.id
+        return frame
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """Detach now, drop buffered frames and end any pending iteration (EB-8).
+
+        Idempotent; never raises. ``subscriber_count`` falls at once. A subscription the
+        bus already ended (evicted, or the bus closed) is left alone, so its remaining
+        frames, ending with the terminal frame, are still delivered.
+        """
+        if self._ended:
+            return
+        self._ended = True
+        self._end_reason = "aborted"
+        self._items.clear()
+        self._live_count = self._live_bytes = 0
+        if self._bus is not None:
+            self._bus._detach(self)
+        self._wake()
+
+    @property
+    def ended(self) -> bool:
+        """Whether nothing more will be queued (aborted, evicted, or the bus closed)."""
+        return self._ended
+
+    @property
+    def evicted(self) -> bool:
+        """Whether the bus evicted this subscriber for overflow (EB-5)."""
+        return self._evicted
+
+    @property
+    def end_reason(self) -> str | None:
+        """Why nothing more will be queued, or None while the subscription is attached.
+
+        ``"evicted"`` (EB-5), ``"closed"`` (the bus closed, EB-9; also a subscription
+        returned by a closed bus), ``"disconnected"`` (``EventBus.disconnect`` or
+        ``disconnect_all``) or ``"aborted"`` (:meth:`abort`, EB-8). Set once; never
+        changes afterwards.
+        """
+        return self._end_reason
+
+    def statistics(self) -> SubscriptionStats:
+        """Return a snapshot of this queue. Never raises."""
+        return SubscriptionStats(
+            live_count=self._live_count,
+            live_bytes=self._live_bytes,
+            forced_count=len(self._items) - self._live_count,
+            max_queued=self.max_queued,
+            max_queued_bytes=self.max_queued_bytes,
+            warned=self._warned,
+            evicted=self._evicted,
+            ended=self._ended,
+        )
+
+    # -- producer side (the bus) -----------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _force_push(self, frame: Frame) -> None:
+        self._items.append(_Item(frame, live=False))
+        self._wake()
+
+    def _push(self, frame: Frame) -> str | None:
+        """Queue a live frame; return None if accepted, else the rejection reason (EB-3)."""
+        if self._waiter is not None and not self._waiter.done() and not self._items:
+            # A consumer is already waiting: hand it over without byte sizing. It still
+            # goes through the deque, so a consumer cancelled right now loses nothing.
+            self._items.append(_Item(frame, live=False))
+            self._wake()
+            return None
+        if self._live_count >= self.max_queued:
+            return "queue_overflow"
+        if self._live_count > 0 and self._live_bytes + frame.nbytes > self.max_queued_bytes:
+            return "queue_bytes_overflow"
+        self._items.append(_Item(frame, live=True))
+        self._live_count += 1
+        self._live_bytes += frame.nbytes
+        self._wake()
+        return None
+
+    def _end(self, reason: str, terminal: Frame | None = None) -> None:
+        """Close with drain: queued frames, then ``terminal`` (if any), then iteration ends."""
+        if terminal is not None:
+            self._items.append(_Item(terminal, live=False))
+        self._ended = True
+        self._end_reason = reason
+        self._bus = None
+        self._wake()
+
+    def _check_warning(self, session: str, last_event_id: int) -> bool:
+        """EB-4: warn once per overflow episode, re-arm at 37.5 % of both caps.
+
+        Called after every accepted live push; returns whether it warned (one log line
+        and a forced ``slow_client_warning``).
+        """
+        frames, nbytes = self._live_count, self._live_bytes
+        if (
+            self._warned
+            and frames <= WARN_RESET_RATIO * self.max_queued
+            and nbytes <= WARN_RESET_RATIO * self.max_queued_bytes
+        ):
+            self._warned = False
+        if self._warned:
+            return False
+        by_frames = frames >= WARN_THRESHOLD_RATIO * self.max_queued
+        by_bytes = nbytes >= WARN_THRESHOLD_RATIO * self.max_queued_bytes
+        if not (by_frames or by_bytes):
+            return False
+        self._warned = True
+        threshold = (
+            "frames_and_bytes" if by_frames and by_bytes else "frames" if by_frames else "bytes"
+        )
+        logger.warning(
+            "slow_client_warning session=%s subscriber=%s queueSize=%d maxQueued=%d "
+            "queuedBytes=%d maxQueuedBytes=%d threshold=%s lastEventId=%d",
+            session,
+            self.label,
+            frames,
+            self.max_queued,
+            nbytes,
+            self.max_queued_bytes,
+            threshold,
+            last_event_id,
+        )
+        self._force_push(
+            synthetic_frame(
+                "slow_client_warning",
+                {
+                    "queueSize": frames,
+                    "maxQueued": self.max_queued,
+                    "lastEventId": last_event_id,
+                    "queuedBytes": nbytes,
+                    "maxQueuedBytes": self.max_queued_bytes,
+                    "threshold": threshold,
+                },
+            )
+        )
+        return True
+
+    def _evict(
+        self,
+        session: str,
+        reason: str,
+        dropped_after: int,
+        frame: Frame | None,
+        details: Mapping[str, Any] | None,
+    ) -> None:
+        """EB-5: log one line, queue ``client_evicted`` after what is queued, end with drain.
+
+        ``frame`` is the live frame that did not fit (None for an eviction decided
+        outside the bus); the caller detaches the subscriber and counts the eviction.
+        """
+        data: dict[str, Any] = {
+            "reason": reason,
+            "droppedAfter": dropped_after,
+            "queueSize": self._live_count,
+            "maxQueued": self.max_queued,
+            "queuedBytes": self._live_bytes,
+            "maxQueuedBytes": self.max_queued_bytes,
+        }
+        if reason == "queue_bytes_overflow" and frame is not None:
+            data["eventBytes"] = frame.nbytes
+        data.update(details or {})
+        logger.warning(
+            "client_evicted session=%s subscriber=%s reason=%s droppedAfter=%s queueSize=%d "
+            "maxQueued=%d queuedBytes=%d maxQueuedBytes=%d%s",
+            session,
+            self.label,
+            reason,
+            dropped_after,
+            self._live_count,
+            self.max_queued,
+            self._live_bytes,
+            self.max_queued_bytes,
+            "".join(f" {key}={value}" for key, value in data.items() if key not in _LOGGED),
+        )
+        self._evicted = True
+        self._end("evicted", synthetic_frame("client_evicted", data))
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

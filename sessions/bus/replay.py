@@ -1,0 +1,88 @@
+"""Replay for a resuming subscriber: resync, ring events after the cursor, completion (EB-7).
+
+Everything is force-pushed (it bypasses the queue caps, EB-3), so a resumed subscriber
+is never evicted for its replay backlog. Synchronous; never awaits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from sessions.bus.frame import Frame, synthetic_frame
+from sessions.bus.queue import Subscription
+
+logger = logging.getLogger("qwenweb.bus")
+
+
+def replay(
+    sub: Subscription,
+    ring: deque[Frame],
+    next_id: int,
+    bus_epoch: str,
+    cursor: int,
+    epoch: str | None,
+    session: str,
+) -> tuple[str | None, int]:
+    """Queue EB-7's replay into ``sub`` for a client whose cursor is ``cursor`` (``>= 0``).
+
+    In order: an optional ``state_resync_required`` (``epoch_reset`` when the cursor is
+    not below ``next_id`` or ``epoch`` differs from ``bus_epoch``; ``ring_evicted`` when
+    events after the cursor are gone), the ring events after the cursor (the whole ring
+    after an epoch reset), then ``replay_complete``. ``ring`` holds contiguous ids.
+
+    Returns ``(resync reason or None, events replayed)`` for the bus's counters; logs one
+    line per resync. Never raises for a valid ring.
+    """
+    earliest = ring[0].id if ring else next_id
+    assert earliest is not None
+    resync: dict[str, Any] | None = None
+    replay_from = cursor
+    if cursor >= next_id or (epoch is not None and epoch != bus_epoch):
+        resync = {
+            "reason": "epoch_reset",
+            "lastDeliveredId": cursor,
+            "earliestAvailableId": earliest,
+        }
+        if epoch is not None and epoch != bus_epoch:
+            resync["detail"] = "epoch_mismatch"
+        replay_from = 0  # the whole ring
+    elif earliest > cursor + 1:
+        # Covers both a ring that dropped events after the cursor and an empty ring
+        # on a bus whose ids were issued elsewhere (start_id after a restart).
+        resync = {
+            "reason": "ring_evicted",
+            "lastDeliveredId": cursor,
+            "earliestAvailableId": earliest,
+        }
+    if resync is not None:
+        logger.info(
+            "state_resync_required session=%s subscriber=%s reason=%s lastDeliveredId=%d "
+            "earliestAvailableId=%d%s",
+            session,
+            sub.label,
+            resync["reason"],
+            cursor,
+            earliest,
+            " detail=epoch_mismatch" if "detail" in resync else "",
+        )
+        sub._force_push(synthetic_frame("state_resync_required", resync))
+    replayed = 0
+    last_replayed: int | None = None
+    if ring:
+        # Ids in the ring are contiguous, so the first index after the cursor is
+        # computed, not searched: replay costs O(replayed), not O(ring).
+        first_id = ring[0].id
+        assert first_id is not None
+        start = max(0, replay_from - first_id + 1)
+        for index in range(start, len(ring)):
+            frame = ring[index]
+            sub._force_push(frame)
+            replayed += 1
+            last_replayed = frame.id
+    complete: dict[str, Any] = {"replayedCount": replayed}
+    if last_replayed is not None:
+        complete["lastReplayedEventId"] = last_replayed
+    sub._force_push(synthetic_frame("replay_complete", complete))
+    return (resync["reason"] if resync is not None else None), replayed

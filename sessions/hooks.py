@@ -1,0 +1,195 @@
+"""What the bus, the transport and the backends announce, and who listens.
+
+The inner layers (backends, runtime, transport) never import the operator side (records,
+dashboard feed, lifecycle, metrics): they announce what happens to a :class:`Hooks`
+object, and the operator side connects :class:`Listener` objects to it in
+``AppConfig.ready`` (``sessions.apps``), the way Django's own apps wire their signals.
+
+Two kinds of announcement
+    *Per connection* (the hot path): :meth:`Hooks.connection_opened` asks every listener
+    for a :class:`ConnectionObserver` and returns one object that the stream then calls
+    directly for every frame it wrote (``frame_written``, with the frame's bytes and the
+    exact JSON of its ``data:`` line, so nobody re-parses what was written), for bytes
+    that are not frames (``bytes_written``) and once at the end (``closed``). With one
+    listener that observer is the listener's own; with several, a thin fan-out. No Django
+    signal runs per frame: a signal per frame per subscriber costs more than a delivery.
+
+    *Lifecycle* (rare): a session closed, the server's event loop attached, activity
+    relayed from another process. Listeners that do not care inherit the no-op methods.
+
+Concurrency: every method is called on the server's event loop (EB-11), never awaits
+and must never raise: a failing listener is logged and the others still run. This module
+imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.bus import Frame
+
+__all__ = ["ConnectionInfo", "ConnectionObserver", "Hooks", "Listener", "hooks"]
+
+logger = logging.getLogger("qwenweb.hooks")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """One attached subscriber connection: who, from where, with which options.
+
+    ``auth`` is ``"token"`` or ``"login"``; ``user_id`` is None for a token;
+    ``subject`` is the token's subject or the user name; ``resumed_from`` the
+    ``Last-Event-ID`` cursor (None without one); strings are already sanitized for logs.
+    """
+
+    id: uuid.UUID
+    session_id: str
+    auth: str
+    user_id: int | None
+    subject: str
+    client_addr: str
+    user_agent: str
+    client_id: str
+    max_queued: int
+    resumed_from: int | None
+
+    @property
+    def label(self) -> str:
+        """What log lines and the bus call this subscriber (``subscriber=<label>``)."""
+        return str(self.id)
+
+
+class ConnectionObserver:
+    """Told what one stream wrote; the base class ignores everything.
+
+    ``frame_written(frame, wire, payload)``: ``send`` accepted ``wire`` (the frame's SSE
+    bytes); ``payload`` is the JSON text of its ``data:`` line, exactly as written.
+    ``bytes_written(nbytes)``: body bytes that are not frames (``retry:``, heartbeats).
+    ``closed(reason, detail)``: once, with one of ``SubscriberConnection.EndReason``.
+    Implementations never await and never raise.
+    """
+
+    __slots__ = ()
+
+    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
+        """Count one frame that ``send`` accepted."""
+
+    def bytes_written(self, nbytes: int) -> None:
+        """Count body bytes that are not frames."""
+
+    def closed(self, reason: str, detail: str = "") -> None:
+        """Note how the connection ended (the first call wins)."""
+
+
+class _Fanout(ConnectionObserver):
+    __slots__ = ("_observers",)
+
+    def __init__(self, observers: Sequence[ConnectionObserver]) -> None:
+        self._observers = tuple(observers)
+
+    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
+        for observer in self._observers:
+            observer.frame_written(frame, wire, payload)
+
+    def bytes_written(self, nbytes: int) -> None:
+        for observer in self._observers:
+            observer.bytes_written(nbytes)
+
+    def closed(self, reason: str, detail: str = "") -> None:
+        for observer in self._observers:
+            observer.closed(reason, detail)
+
+
+_NOBODY = ConnectionObserver()
+
+
+class Listener:
+    """Something on the operator side that wants to know; override what you need."""
+
+    def connection_opened(self, info: ConnectionInfo) -> ConnectionObserver | None:
+        """A subscriber was attached and its stream is about to start (None: not interested)."""
+        return None
+
+    def session_closed(self, session_id: str, last_event_id: int) -> None:
+        """The session was closed (``session_closed`` published, the bus closed)."""
+
+    def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``loop`` became the server's event loop in this process (first bus or feed)."""
+
+    def activity_received(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Operator activity items relayed from another process (multi-process backends)."""
+
+
+class Hooks:
+    """The announcement point: listeners connect, inner layers announce (module docstring).
+
+    ``shutting_down`` is set by the shutdown sequence: streams the server ends from then
+    on record ``server_shutdown`` rather than ``server_disconnect``.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+        self.shutting_down = False
+
+    def connect(self, listener: Listener) -> None:
+        """Add ``listener`` (once; connecting it again does nothing)."""
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def disconnect(self, listener: Listener) -> None:
+        """Remove ``listener`` if connected. Never raises."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        """The connected listeners, in connection order."""
+        return tuple(self._listeners)
+
+    def connection_opened(self, info: ConnectionInfo) -> ConnectionObserver:
+        """Return the observer of one new connection (a no-op one when nobody listens)."""
+        observers = []
+        for listener in self._listeners:
+            try:
+                observer = listener.connection_opened(info)
+            except Exception:
+                logger.exception("listener_failed hook=connection_opened listener=%r", listener)
+                continue
+            if observer is not None:
+                observers.append(observer)
+        if not observers:
+            return _NOBODY
+        return observers[0] if len(observers) == 1 else _Fanout(observers)
+
+    def session_closed(self, session_id: str, last_event_id: int) -> None:
+        """Announce that ``session_id`` was closed at ``last_event_id``."""
+        for listener in self._listeners:
+            try:
+                listener.session_closed(session_id, last_event_id)
+            except Exception:
+                logger.exception("listener_failed hook=session_closed listener=%r", listener)
+
+    def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Announce the server's event loop."""
+        for listener in self._listeners:
+            try:
+                listener.loop_attached(loop)
+            except Exception:
+                logger.exception("listener_failed hook=loop_attached listener=%r", listener)
+
+    def activity_received(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Hand activity relayed from another process to the listeners."""
+        for listener in self._listeners:
+            try:
+                listener.activity_received(items)
+            except Exception:
+                logger.exception("listener_failed hook=activity_received listener=%r", listener)
+
+
+hooks = Hooks()
+"""The process's announcement point; ``sessions.apps`` connects the operator side."""

@@ -1,0 +1,198 @@
+"""Start and stop the operator machinery with the server's event loop.
+
+:data:`listener` (connected to :data:`sessions.hooks.hooks` in ``AppConfig.ready``) hears
+of each server loop the backend attaches: it starts the records writer
+(:data:`sessions.ops.records.recorder`) and the dashboard feed
+(:data:`sessions.ops.feed.feed`) on that loop and installs the shutdown hooks below.
+
+What "never lose them on a clean shutdown" means here
+    A *clean shutdown* is the server process asked to stop with SIGINT or SIGTERM and
+    allowed to finish: ``python -m qwenweb.serve``, ``manage.py runserver`` and
+    ``daphne`` (Twisted), and uvicorn. Not ``kill -9``, not a crash, not a power cut:
+    those lose at most the last ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
+
+    On a clean shutdown every record change made before the process exits is in the
+    database when it exits — including the end of every stream that was still open,
+    recorded as ``server_shutdown``. The bus counters of every loaded session are saved
+    on its row too (``Backend.flush_all``), so the admin's fallback numbers
+    are the final ones. The sequence, :func:`shutdown`, runs on the loop:
+
+    1. wait until every open stream has recorded its end, at most
+       :data:`SHUTDOWN_TIMEOUT_S`; close those still open as ``server_shutdown``;
+    2. write every pending record, then save each loaded session's counters.
+
+    How the streams come to an end, and where the sequence is hooked:
+
+    - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
+      trigger cancels every application instance (each stream records
+      ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
+      trigger, runs the sequence, and the reactor waits for both before it stops.
+    - Any other server that installed SIGINT/SIGTERM handlers (uvicorn): ours wraps
+      them. On the first signal it ends every stream with a terminal frame
+      (``bus.disconnect_all("server_shutdown")``: clients reconnect after ``retry``),
+      runs the sequence, and only then calls the server's own handler, so the server
+      starts its shutdown with everything written. A second signal goes to the server
+      at once (uvicorn: force quit). uvicorn must be told to stop this way because after
+      a SIGTERM it re-raises the signal with its default action, which ends the process
+      without running ``atexit``.
+    - In every case, an ``atexit`` hook writes whatever is still pending synchronously,
+      closing any connection still open as ``server_shutdown``
+      (:meth:`Recorder.flush_sync <sessions.ops.records.Recorder.flush_sync>`).
+
+The in-process test suite disconnects :data:`listener` (its per-test loops must not write
+records at teardown); tests of this module connect it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any, Final
+
+from django.db import DatabaseError, connections
+
+from sessions.backends import get_backend
+from sessions.hooks import Listener, hooks
+from sessions.ops.feed import feed
+from sessions.ops.records import recorder
+
+__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "flush_at_exit", "listener", "shutdown"]
+
+logger = logging.getLogger("qwenweb.lifecycle")
+
+SHUTDOWN_TIMEOUT_S: Final = 10.0
+"""Upper bound of the wait for the streams to record their end at shutdown."""
+
+
+class Lifecycle(Listener):
+    """Starts the operator machinery on each server loop and hooks its shutdown.
+
+    Its state (the loops hooked, whether a signal started the shutdown) is its own: a
+    test builds one and drops it.
+    """
+
+    def __init__(self) -> None:
+        self._atexit_registered = False
+        self._hooked_loops: set[int] = set()
+        self._signalled = False
+        self._shutdown_tasks: set[asyncio.Task[None]] = set()
+
+    def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
+
+        Idempotent per loop. Never raises for a running loop.
+        """
+        recorder.start(loop)
+        feed.start(loop)
+        if id(loop) in self._hooked_loops:
+            return
+        self._hooked_loops.add(id(loop))
+        if not self._atexit_registered:
+            atexit.register(flush_at_exit)
+            self._atexit_registered = True
+        if not _hook_twisted(loop):
+            self._hook_signals(loop)
+
+    def _hook_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run :func:`shutdown` before the server's own SIGINT/SIGTERM handlers (uvicorn).
+
+        Only on the main thread, and only for a signal whose current handler a server
+        installed (a Python callable other than ``signal.default_int_handler``); the
+        defaults and ``SIG_IGN`` are left alone (``atexit`` covers a plain Ctrl-C).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+            if callable(previous) and previous is not signal.default_int_handler:
+                signal.signal(sig, self.chained_handler(loop, previous))
+
+    def chained_handler(self, loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
+        """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
+        ``previous`` once it is done; a later one calls ``previous`` at once."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self._signalled or loop.is_closed():
+                previous(signum, frame)
+                return
+            self._signalled = True
+            # Only hand over to the loop here: a handler may interrupt any code of this
+            # thread.
+            loop.call_soon_threadsafe(self._start_shutdown, loop, previous, signum)
+
+        return handler
+
+    def _start_shutdown(self, loop: asyncio.AbstractEventLoop, previous: Any, signum: int) -> None:
+        logger.info("shutdown_started signal=%s", signal.Signals(signum).name)
+
+        async def sequence() -> None:
+            try:
+                await shutdown(end_streams=True)
+            finally:
+                previous(signum, None)  # now let the server shut down
+
+        task = loop.create_task(sequence(), name="qwenweb-shutdown")
+        self._shutdown_tasks.add(task)
+        task.add_done_callback(self._shutdown_tasks.discard)
+
+
+listener = Lifecycle()
+"""The process's lifecycle listener (connected by ``sessions.apps``)."""
+
+
+async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
+    """The clean-shutdown sequence on the loop (see the module docstring). Never raises.
+
+    With ``end_streams``, first end every subscriber of every loaded bus with a terminal
+    frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
+    streams themselves. From here on, streams record their end as ``server_shutdown``.
+    """
+    hooks.shutting_down = True
+    backend = get_backend()
+    try:
+        if end_streams:
+            backend.end_all_streams("server_shutdown")
+        written = await recorder.drain(timeout_s)
+        await backend.flush_all()
+        logger.info("shutdown_flushed records=%d sessions=%d", written, len(backend.registry))
+        await backend.aclose()
+    except Exception:
+        logger.exception("shutdown_flush_failed")
+
+
+def flush_at_exit() -> None:
+    """``atexit``: write what is still pending, in this thread (no loop runs any more).
+
+    Then closes this thread's database connections: nothing is left to be dropped unclosed
+    when the process ends. Never raises.
+    """
+    written = recorder.flush_sync()
+    try:
+        connections.close_all()
+    except DatabaseError:
+        logger.debug("exit_close_failed", exc_info=True)
+    if written:
+        logger.info("exit_flushed records=%d", written)
+
+
+def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
+    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return False
+    from twisted.internet import reactor as installed
+    from twisted.internet.defer import Deferred
+
+    reactor: Any = installed  # zope interfaces confuse mypy about `self`
+    if not reactor.running or getattr(reactor, "_asyncioEventloop", None) is not loop:
+        return False
+
+    def before_shutdown() -> Any:
+        return Deferred.fromFuture(loop.create_task(shutdown()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+    return True

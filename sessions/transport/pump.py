@@ -1,0 +1,112 @@
+"""The pump: a subscription's frames to ASGI ``send``, with heartbeats (EB-18, EB-21).
+
+Overflow policy
+    The pump drains the subscriber queue only as fast as ``send`` returns, so a server
+    whose ``send`` waits on the socket turns a client that stops reading into a full
+    queue, then ``slow_client_warning`` and ``client_evicted`` (EB-4, EB-5, EB-21). The
+    frames already queued are written in one ``send`` of at most ``MAX_BATCH_BYTES``. A
+    ``send`` that takes no byte for the writer idle timeout raises
+    :class:`WriterIdleTimeoutError` (the socket's buffers are full and the client takes
+    nothing, or the peer vanished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from sessions.bus import Subscription
+from sessions.hooks import ConnectionObserver
+from sessions.wire import HEARTBEAT, FrameEncoder
+
+__all__ = ["MAX_BATCH_BYTES", "WriterIdleTimeoutError", "pump_frames"]
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BATCH_BYTES: Final = 256 * 1024
+"""Queued frames written together in one ``send``, at most this many bytes (one frame
+may be larger)."""
+
+_NOBODY = ConnectionObserver()
+
+
+class WriterIdleTimeoutError(Exception):
+    """Raised by :func:`pump_frames` when ``send`` accepted nothing for ``idle_s`` seconds."""
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__(f"the socket accepted no byte for {idle_s:g} s")
+        self.idle_s = idle_s
+
+
+async def _send_within(send: Send, message: Message, idle_s: float | None) -> None:
+    if idle_s is None:
+        await send(message)
+        return
+    try:
+        async with asyncio.timeout(idle_s):
+            await send(message)
+    except TimeoutError:
+        raise WriterIdleTimeoutError(idle_s) from None
+
+
+async def pump_frames(
+    subscription: Subscription,
+    send: Send,
+    heartbeat_interval_s: float,
+    observer: ConnectionObserver | None = None,
+    writer_idle_timeout_s: float | None = None,
+    *,
+    encoder: FrameEncoder | None = None,
+) -> None:
+    """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
+
+    Frames already queued go out together in one body message (at most 256 KiB), so a
+    burst costs one ``send`` while every frame still reaches the socket as soon as it is
+    produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
+    comment is written. Once ``send`` returned, ``observer`` is told about each frame
+    (the frame, its wire bytes, the JSON of its ``data:`` line) and each heartbeat.
+    ``encoder`` frames the events (one per process shares its cache across streams).
+
+    Returns when the subscription ends (evicted, bus closed, disconnected); raises
+    whatever ``send`` or the iterator raises, and :class:`WriterIdleTimeoutError` when one
+    ``send`` (frames or a heartbeat, which go through the same path, so a half-open
+    connection is found too) does not return within ``writer_idle_timeout_s`` seconds.
+    """
+    observer = observer or _NOBODY
+    encoder = encoder or FrameEncoder()
+    while True:
+        try:
+            frame = await subscription.next_frame(heartbeat_interval_s)
+        except StopAsyncIteration:
+            return
+        if frame is None:
+            heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
+            await _send_within(send, heartbeat, writer_idle_timeout_s)
+            observer.bytes_written(len(HEARTBEAT))
+            continue
+        frames = []
+        chunks = []
+        payloads = []
+        size = 0
+        while True:
+            if frame.id is None:
+                chunk, payload = encoder.synthetic(frame)
+            else:
+                chunk = encoder.event(frame)
+                payload = frame.json or b""
+            frames.append(frame)
+            chunks.append(chunk)
+            payloads.append(payload)
+            size += len(chunk)
+            if size >= MAX_BATCH_BYTES:
+                break
+            queued = subscription.next_nowait()
+            if queued is None:
+                break
+            frame = queued
+        body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
+        await _send_within(send, body, writer_idle_timeout_s)
+        for index, written in enumerate(frames):
+            observer.frame_written(written, chunks[index], payloads[index])

@@ -1,0 +1,133 @@
+"""The demo agent inside the server: ``POST /sessions/<id>/demo`` starts it.
+
+It plays the scripted turns of :mod:`sessions.cli.demo_agent` into the session, publishing
+through the backend on the server's event loop, the loop that owns every session's bus
+(EB-11), as an ``asyncio`` task. At most one agent runs per session; the tasks are kept
+in a module dict so they are not garbage-collected, and each removes itself when it ends.
+CSRF-protected by Django's middleware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_POST
+
+from sessions.auth import can_view
+from sessions.backends import get_backend
+from sessions.backends.base import (
+    BackendUnavailableError,
+    SessionClosedError,
+    SessionNotFoundError,
+)
+from sessions.cli.demo_agent import agent_turns
+from sessions.models import normalize_session_id
+from sessions.queries import request_user, session_row
+from sessions.web.responses import error_response
+
+__all__ = [
+    "DEMO_CHUNKS_PER_S",
+    "demo_agent_running",
+    "run_demo_agent",
+    "start_demo",
+    "start_demo_agent",
+]
+
+logger = logging.getLogger("qwenweb.pages")
+
+DEMO_CHUNKS_PER_S: Final = 25.0
+"""Pace of the demo agent: ``agent_message_chunk`` events per second (an LLM's typing)."""
+
+_demo_agents: dict[str, asyncio.Task[int]] = {}
+
+
+@require_POST
+async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
+    """``POST /sessions/<id>/demo``: start the demo agent in this process; 202.
+
+    Login session + CSRF (Django's middleware; a missing token is its 403 page). Answers
+    202 ``{"started": true, "sessionId", "chunksPerS"}``; JSON errors otherwise: 401 not
+    logged in, 403 neither owner nor staff, 404 unknown session, 409 ``demo_running``
+    (one agent per session) or ``session_closed``.
+    """
+    user = await request_user(request)
+    if not user.is_authenticated:
+        return error_response(401, "unauthorized", "log in to start the demo agent")
+    normalized = normalize_session_id(session_id)
+    row = await session_row(normalized) if normalized else None
+    if row is None:
+        return error_response(404, "not_found", "unknown session")
+    if not can_view(user, row.owner_id):
+        return error_response(403, "forbidden", "only the session's owner or staff may do this")
+    if row.is_closed:
+        return error_response(409, "session_closed", "the session is closed")
+    if not start_demo_agent(row.id):
+        return error_response(
+            409, "demo_running", "a demo agent is already running in this session"
+        )
+    logger.info("demo_agent_started session=%s by=%s", row.id, user.get_username())
+    return JsonResponse(
+        {"started": True, "sessionId": row.id, "chunksPerS": DEMO_CHUNKS_PER_S}, status=202
+    )
+
+
+def demo_agent_running(session_id: str) -> bool:
+    """Return whether a demo agent task is running for ``session_id``. Never raises."""
+    task = _demo_agents.get(session_id)
+    return task is not None and not task.done()
+
+
+def start_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_PER_S) -> bool:
+    """Start :func:`run_demo_agent` as a task on the running loop; False if one runs already.
+
+    Must be called on the server's event loop (EB-11). Never awaits; never raises except
+    ``RuntimeError`` when no loop is running.
+    """
+    if demo_agent_running(session_id):
+        return False
+    task = asyncio.get_running_loop().create_task(
+        run_demo_agent(session_id, chunks_per_s=chunks_per_s), name=f"demo-agent-{session_id}"
+    )
+    _demo_agents[session_id] = task
+    task.add_done_callback(lambda done: _demo_finished(session_id, done))
+    return True
+
+
+async def run_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_PER_S) -> int:
+    """Publish the scripted run of :func:`sessions.cli.demo_agent.agent_turns` into the session.
+
+    Each event waits ``tokens / chunks_per_s`` seconds first (one ``agent_message_chunk``
+    = one token: 25 per second by default). Stops early, without error, when the session
+    is closed or deleted. Returns the number of events published.
+    """
+    published = 0
+    for event_type, data, tokens in agent_turns():
+        await asyncio.sleep(tokens / chunks_per_s)
+        backend = get_backend()
+        try:
+            live = await backend.get_live_session(session_id)
+            if await backend.publish(live, {"type": event_type, "data": data}) is None:
+                break  # closed between the lookup and the publish (EB-2)
+        except (SessionClosedError, SessionNotFoundError):
+            break
+        except BackendUnavailableError:
+            logger.warning("demo_agent_waiting session=%s reason=backend_unavailable", session_id)
+            continue  # the demo skips what it could not publish while Redis is away
+        published += 1
+    return published
+
+
+def _demo_finished(session_id: str, task: asyncio.Task[int]) -> None:
+    if _demo_agents.get(session_id) is task:
+        del _demo_agents[session_id]
+    if task.cancelled():
+        logger.info("demo_agent_cancelled session=%s", session_id)
+    elif task.exception() is not None:
+        logger.error(
+            "demo_agent_failed session=%s error=%r", session_id, task.exception(), exc_info=False
+        )
+    else:
+        logger.info("demo_agent_finished session=%s events=%d", session_id, task.result())

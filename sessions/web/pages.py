@@ -1,0 +1,98 @@
+"""The user's pages: the session list and the live session page.
+
+Routes (``sessions/urls.py``):
+
+- ``GET /sessions/`` — the logged-in user's sessions (staff see all), with a "new session"
+  button that calls ``POST /session`` (login + CSRF, :mod:`sessions.web.views`).
+- ``GET /sessions/<id>/`` — the live session page: a template plus
+  ``static/qwenweb/session_page.js``, which reads the stream with ``fetch`` and the
+  hand-written parser of ``static/qwenweb/sse.js`` (SC-1 ... SC-13). Login required
+  (redirect to ``LOGIN_URL``), owner or active staff (else the 403 page), unknown id → 404.
+
+The pages are plain synchronous views (Django runs them in its thread pool under ASGI).
+The demo agent's endpoint is :mod:`sessions.web.demo`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from sessions.auth import can_view
+from sessions.bus import DEFAULT_MAX_QUEUED, MAX_QUEUED_MAX, MAX_QUEUED_MIN
+from sessions.conf import get_config
+from sessions.models import AgentSession, normalize_session_id
+from sessions.web.demo import DEMO_CHUNKS_PER_S
+
+__all__ = ["session_list", "session_page"]
+
+MAX_LISTED_SESSIONS: Final = 200
+
+
+@require_GET
+@login_required
+def session_list(request: HttpRequest) -> HttpResponse:
+    """``GET /sessions/``: the user's sessions, newest first (staff: everyone's).
+
+    At most 200 rows. The "new session" button posts to ``POST /session`` from
+    ``static/qwenweb/session_list.js`` with the CSRF token of this page.
+    """
+    rows = AgentSession.objects.select_related("owner").order_by("-created_at")
+    if not request.user.is_staff:
+        rows = rows.filter(owner_id=request.user.pk)
+    return render(
+        request,
+        "sessions/session_list.html",
+        {
+            "sessions": list(rows[:MAX_LISTED_SESSIONS]),
+            "max_listed": MAX_LISTED_SESSIONS,
+            "create_url": reverse("session-create"),
+            "id_placeholder": "00000000-0000-4000-8000-000000000000",
+        },
+    )
+
+
+@require_GET
+@login_required
+def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
+    """``GET /sessions/<id>/``: the live session page.
+
+    Renders ``sessions/session_page.html`` with a ``page_config`` JSON object for the
+    script: ``{"sessionId", "title", "status", "ringSize", "urls": {"events", "load",
+    "token", "demo", "list"}, "maxQueued": {"min", "max", "default"}, "demoChunksPerS"}``
+    (paths, same origin).
+
+    Raises:
+        Http404: malformed or unknown session id.
+        PermissionDenied: the user is neither the owner nor active staff (the 403 page).
+    """
+    normalized = normalize_session_id(session_id)
+    row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
+    if row is None:
+        raise Http404("unknown session")
+    if not can_view(request.user, row.owner_id):
+        raise PermissionDenied("only the session's owner or staff may watch it")
+    page_config = {
+        "sessionId": row.id,
+        "title": row.title,
+        "status": row.status,
+        "ringSize": row.ring_size or get_config().ring_size,
+        "urls": {
+            "events": reverse("session-events", args=[row.id]),
+            "load": reverse("session-detail", args=[row.id]),
+            "token": reverse("session-token", args=[row.id]),
+            "demo": reverse("session-demo", args=[row.id]),
+            "list": reverse("session-list"),
+        },
+        "maxQueued": {"min": MAX_QUEUED_MIN, "max": MAX_QUEUED_MAX, "default": DEFAULT_MAX_QUEUED},
+        "demoChunksPerS": DEMO_CHUNKS_PER_S,
+    }
+    return render(
+        request, "sessions/session_page.html", {"session": row, "page_config": page_config}
+    )

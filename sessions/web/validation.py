@@ -1,0 +1,155 @@
+"""What the API accepts: JSON bodies and published events, checked field by field.
+
+Every refusal is a 4xx :class:`~sessions.errors.ApiError` naming the field or the limit
+(docs/protocol.md, "Errors and limits").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+import orjson
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+
+from sessions.conf import get_config
+from sessions.errors import ApiError
+from sessions.wire import sanitize_for_log
+
+__all__ = [
+    "MAX_DATA_DEPTH",
+    "MAX_TITLE_LENGTH",
+    "MAX_TYPE_LENGTH",
+    "RESERVED_TYPES",
+    "parse_json_body",
+    "validate_publish_body",
+]
+
+MAX_DATA_DEPTH: Final = 64
+MAX_TYPE_LENGTH: Final = 200
+MAX_TITLE_LENGTH: Final = 200
+_PUBLISH_FIELDS: Final = frozenset({"type", "data", "_meta", "originatorClientId"})
+#: Types the bus and the route make up (synthetic frames) or the server publishes itself:
+#: a publisher may not forge them, since clients act on them (SC-12).
+RESERVED_TYPES: Final = frozenset(
+    {
+        "slow_client_warning",
+        "client_evicted",
+        "state_resync_required",
+        "replay_complete",
+        "stream_error",
+        "history_truncated",
+        "session_closed",
+    }
+)
+# A run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
+
+
+def parse_json_body(request: HttpRequest, *, required: bool) -> Any:
+    """Return the request's JSON body; ``{}`` when empty and not ``required``.
+
+    Raises ``ApiError``: 413 above ``PUBLISH_MAX_BODY_BYTES`` (declared or chunked), 400
+    when it is not JSON (NaN and Infinity are not JSON). Integers beyond 64 bits keep
+    their exact value (orjson would read them as floats).
+    """
+    limit = get_config().publish_max_body_bytes
+    too_large = ApiError(413, "body_too_large", f"body exceeds {limit} bytes", limit=limit)
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
+    if declared > limit:
+        raise too_large
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    if not body.strip():
+        if required:
+            raise ApiError(400, "invalid_json", "a JSON object body is required", field="")
+        return {}
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}", field="") from None
+    if _LONG_DIGITS.search(body):
+        parsed = json.loads(body, parse_constant=_reject_constant)  # orjson validated it
+    return parsed
+
+
+def _reject_constant(name: str) -> Any:
+    raise ApiError(400, "invalid_json", f"body is not valid JSON: {name} is not allowed", field="")
+
+
+def _json_depth_exceeds(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def validate_publish_body(body: Any) -> dict[str, Any]:
+    """Return the event to publish from a request body, or raise a 400 ``ApiError``.
+
+    Shape: ``{"type": str (1..200 chars, no CR/LF/NUL), "data": any JSON (nesting <= 64),
+    "_meta": object (optional), "originatorClientId": str (optional)}``; other keys are
+    refused so a typo is not silently dropped. The error names the field.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_event", "body must be a JSON object", field="")
+    unknown = sorted(sanitize_for_log(key, 40) for key in set(body) - _PUBLISH_FIELDS)
+    if unknown:
+        raise ApiError(
+            400, "invalid_event", f"unknown field(s): {', '.join(unknown[:5])}", field=unknown[0]
+        )
+    event_type = body.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise ApiError(400, "invalid_event", "type must be a non-empty string", field="type")
+    if len(event_type) > MAX_TYPE_LENGTH or any(ch in event_type for ch in "\r\n\0"):
+        raise ApiError(
+            400,
+            "invalid_event",
+            f"type must be at most {MAX_TYPE_LENGTH} characters without CR, LF or NUL",
+            field="type",
+        )
+    if event_type in RESERVED_TYPES:
+        raise ApiError(
+            400,
+            "invalid_event",
+            f"type {event_type!r} is reserved for frames the server makes",
+            field="type",
+        )
+    if "_meta" in body and not isinstance(body["_meta"], dict):
+        raise ApiError(400, "invalid_event", "_meta must be an object", field="_meta")
+    originator = body.get("originatorClientId")
+    if originator is not None and (not isinstance(originator, str) or len(originator) > 200):
+        raise ApiError(
+            400,
+            "invalid_event",
+            "originatorClientId must be a string of at most 200 characters",
+            field="originatorClientId",
+        )
+    if _json_depth_exceeds(body.get("data"), MAX_DATA_DEPTH) or _json_depth_exceeds(
+        body.get("_meta"), MAX_DATA_DEPTH
+    ):
+        raise ApiError(
+            400,
+            "invalid_event",
+            f"data is nested deeper than {MAX_DATA_DEPTH} levels",
+            field="data",
+        )
+    return body
