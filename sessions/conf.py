@@ -47,6 +47,8 @@ ENV_OVERRIDES: Final = {
     "RECORDS_FLUSH_INTERVAL_S": "QWENWEB_RECORDS_FLUSH_INTERVAL_S",
     "RECORDS_BATCH_SIZE": "QWENWEB_RECORDS_BATCH_SIZE",
     "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
+    "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
+    "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -65,6 +67,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "RECORDS_FLUSH_INTERVAL_S": 1.0,
     "RECORDS_BATCH_SIZE": 500,
     "RECORDS_RETENTION_DAYS": 30,
+    "IDEMPOTENCY_TTL_S": 900,
+    "IDEMPOTENCY_MAX_KEYS": 10_000,
 }
 
 # key -> (kind, minimum, maximum)
@@ -82,6 +86,8 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_FLUSH_INTERVAL_S": (float, 0.01, 3600),
     "RECORDS_BATCH_SIZE": (int, 1, 100_000),
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
+    "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
+    "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
 }
 _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
@@ -108,6 +114,8 @@ class QwenwebConfig:
     records_flush_interval_s: float
     records_batch_size: int
     records_retention_days: int
+    idempotency_ttl_s: int
+    idempotency_max_keys: int
 
 
 def _raw_values() -> dict[str, Any]:

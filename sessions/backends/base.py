@@ -42,6 +42,11 @@ from sessions.backends.errors import (
     SessionClosedError,
     SessionNotFoundError,
 )
+from sessions.backends.idempotency import (
+    IdempotencyKey,
+    IdempotencyKeyReusedError,
+    IdempotencyStore,
+)
 from sessions.bus import BusStats, EventBus, Registry, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
@@ -52,6 +57,8 @@ __all__ = [
     "BackendUnavailableError",
     "Disconnected",
     "Health",
+    "IdempotencyKey",
+    "IdempotencyKeyReusedError",
     "LiveSession",
     "Published",
     "SessionClosedError",
@@ -78,6 +85,8 @@ class LiveSession:
     reserved_until: int
     created_at: str
     ring_size: int = 0
+    #: The memory backend's keys of idempotent publishes (None where the store keeps them).
+    idempotency: IdempotencyStore | None = field(default=None, repr=False)
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
     # No new reservation attempt before this time (monotonic s) after a failed one.
     _renew_not_before: float = field(default=0.0, repr=False)
@@ -85,10 +94,15 @@ class LiveSession:
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """What a publish returns: the event's ``id`` and the ``epoch`` of its sequence."""
+    """What a publish returns: the event's ``id`` and the ``epoch`` of its sequence.
+
+    ``replayed``: the request's ``Idempotency-Key`` had published already; ``id`` and
+    ``epoch`` are that first result's, and nothing was published now.
+    """
 
     id: int
     epoch: str
+    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,21 +251,53 @@ class Backend(ABC):
         """Build the live session of an open row (raises as :meth:`get_live_session`)."""
 
     @abstractmethod
-    async def publish(self, live: LiveSession, event: Mapping[str, Any]) -> Published | None:
+    async def publish(
+        self,
+        live: LiveSession,
+        event: Mapping[str, Any],
+        *,
+        idempotency: IdempotencyKey | None = None,
+    ) -> Published | None:
         """Publish ``event`` in the session (EB-2): its id and epoch, or None.
 
         None when the session is closed or the event cannot be framed or serialized (one
-        log line). Raises :class:`BackendUnavailableError` when a shared store cannot be
-        reached (a single-process backend never raises).
+        log line). With ``idempotency``, a key the session already published with (within
+        ``IDEMPOTENCY_TTL_S``, among its ``IDEMPOTENCY_MAX_KEYS`` newest) publishes nothing
+        and returns that first result with ``replayed=True``; the check and the publish are
+        one atomic step, also across processes.
+
+        Raises:
+            IdempotencyKeyReusedError: the key is known with another request digest.
+            BackendUnavailableError: a shared store cannot be reached (a single-process
+                backend never raises it).
         """
 
     @abstractmethod
-    async def close_session(self, session_id: str, *, reason: str, closed_by: str = "") -> int:
-        """Publish ``session_closed``, close the bus (EB-9), mark the row; return the last id.
+    async def close_session(
+        self,
+        session_id: str,
+        *,
+        reason: str,
+        closed_by: str = "",
+        idempotency: IdempotencyKey | None = None,
+    ) -> Published:
+        """Publish ``session_closed``, close the bus (EB-9), mark the row; return the
+        ``session_closed`` event's id and epoch (``replayed`` as for :meth:`publish`).
 
-        Announces :meth:`Hooks.session_closed`. Raises :class:`SessionNotFoundError` or
-        :class:`SessionClosedError` (already closed).
+        Announces :meth:`Hooks.session_closed`. Raises :class:`SessionNotFoundError`,
+        :class:`SessionClosedError` (already closed, and ``idempotency`` is not the key
+        that closed it) or :class:`IdempotencyKeyReusedError`.
         """
+
+    async def recall(self, session_id: str, idempotency: IdempotencyKey) -> Published | None:
+        """Return the first result of ``idempotency`` in the session, or None if unknown.
+
+        For a request that found the session closed: a retry of a publish (or of the
+        close) made before it closed still answers its first result. Never publishes.
+        Raises :class:`IdempotencyKeyReusedError` (another digest) and, for a shared
+        store, :class:`BackendUnavailableError`.
+        """
+        return None
 
     async def subscribe(
         self,

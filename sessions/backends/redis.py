@@ -27,7 +27,12 @@ Operators
     Each process writes its live figures (and its subscribers) to Redis every
     ``PROCESS_TTL_S / 4`` with a time to live; operators see sums over the live processes.
     Disconnects and dashboard activity reach the other processes over a prefixed pub/sub
-    control channel.
+    control channel (:mod:`sessions.backends.redis_control`).
+
+Idempotency
+    A publish's ``Idempotency-Key`` is checked and stored by the publish script itself
+    (:mod:`sessions.backends.redis_scripts`), so a publish that timed out here but ran in
+    Redis answers its first result when retried, on any process.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,18 +50,16 @@ from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import (
-    Backend,
-    Disconnected,
     Health,
     LiveSession,
     Published,
     snapshot_json,
 )
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
-from sessions.backends.redis_store import RedisStore, entry_json, read_reports_blocking
-from sessions.backends.reports import make_report, merge_reports
+from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
+from sessions.backends.redis_control import RedisControlled
+from sessions.backends.redis_store import RedisStore, entry_json
 from sessions.bus import (
-    BusStats,
     EventBus,
     Frame,
     Subscription,
@@ -106,7 +109,7 @@ def _backend_error_frame() -> Frame:
     )
 
 
-class RedisBackend(Backend):
+class RedisBackend(RedisControlled):
     """Sessions shared by every server process through Redis (module docstring)."""
 
     supports_multiple_processes: ClassVar[bool] = True
@@ -330,12 +333,20 @@ class RedisBackend(Backend):
 
     # -- publish and close -------------------------------------------------------------
 
-    async def publish(self, live: LiveSession, event: Mapping[str, Any]) -> Published | None:
+    async def publish(
+        self,
+        live: LiveSession,
+        event: Mapping[str, Any],
+        *,
+        idempotency: IdempotencyKey | None = None,
+    ) -> Published | None:
         """Publish through Redis: the id is assigned there and the event reaches every
         process's subscribers through their readers. None for a closed session or an
-        event that cannot be serialized (it must cross processes as JSON).
+        event that cannot be serialized (it must cross processes as JSON). The
+        idempotency key is checked and stored by the same script that assigns the id.
 
         Raises:
+            IdempotencyKeyReusedError: the key is known with another request digest.
             BackendUnavailableError: Redis cannot be reached (the caller answers 503).
         """
         fields = envelope_fields(event, None)
@@ -346,17 +357,24 @@ class RedisBackend(Backend):
                     "publish_refused session=%s reason=not_serializable", live.session_id
                 )
             return None
-        event_id, epoch = await self._append(live, body, close=False)
-        if event_id is None:
+        published = await self._append(live, body, close=False, idempotency=idempotency)
+        if published is None:
             return None
-        self.keep_reservation_ahead(live, event_id)
-        return Published(event_id, epoch)
+        if not published.replayed:
+            self.keep_reservation_ahead(live, published.id)
+        return published
 
     async def _append(
-        self, live: LiveSession, body: bytes, *, close: bool
-    ) -> tuple[int | None, str]:
-        """Append ``body`` to the session's stream; ``(None, epoch)`` if the session is closed."""
+        self,
+        live: LiveSession,
+        body: bytes,
+        *,
+        close: bool,
+        idempotency: IdempotencyKey | None = None,
+    ) -> Published | None:
+        """Append ``body`` to the session's stream; None if the session is closed."""
         store = self.store()
+        config = self.config
         for _ in range(3):
             known_last_id = self._known_last_id(live)
             outcome = await store.publish(
@@ -365,14 +383,21 @@ class RedisBackend(Backend):
                 max(live.ring_size, STREAM_MIN_ENTRIES),
                 close=close,
                 known_last_id=known_last_id,
+                idempotency=idempotency,
+                idempotency_ttl_s=config.idempotency_ttl_s,
+                idempotency_max_keys=config.idempotency_max_keys,
             )
+            if outcome.status == "replay":
+                assert outcome.remembered is not None
+                assert idempotency is not None
+                return _replayed(outcome.remembered, idempotency)
             if outcome.status == "ok":
                 assert outcome.event_id is not None
                 assert outcome.epoch is not None
                 self._note_issued(live.session_id, outcome.event_id)
-                return outcome.event_id, outcome.epoch
+                return Published(outcome.event_id, outcome.epoch)
             if outcome.status == "closed":
-                return None, outcome.epoch or ""
+                return None
             if outcome.status == "stale":  # Redis went back in time: never reissue an id
                 await self._restart_epoch(live, outcome.epoch, "stale_data", known_last_id)
             # Redis lost (or we replaced) the session's data. Reload: a new epoch above
@@ -381,22 +406,38 @@ class RedisBackend(Backend):
             live = await self.get_live_session(live.session_id)
         raise BackendUnavailableError("Redis keeps losing the session's data")
 
-    async def close_session(self, session_id: str, *, reason: str, closed_by: str = "") -> int:
+    async def recall(self, session_id: str, idempotency: IdempotencyKey) -> Published | None:
+        remembered = await self.store().recall(
+            session_id, idempotency.key, ttl_s=self.config.idempotency_ttl_s
+        )
+        return _replayed(remembered, idempotency) if remembered is not None else None
+
+    async def close_session(
+        self,
+        session_id: str,
+        *,
+        reason: str,
+        closed_by: str = "",
+        idempotency: IdempotencyKey | None = None,
+    ) -> Published:
         """One script publishes ``session_closed`` and marks the session closed in Redis;
         every process's reader closes its mirror after delivering it."""
         live = await self.get_live_session(session_id)
         event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
         body = encode_envelope(envelope_fields(event, None) or {})
         assert body is not None
-        last_id, _ = await self._append(live, body, close=True)
-        if last_id is None:
+        published = await self._append(live, body, close=True, idempotency=idempotency)
+        if published is None:
             raise SessionClosedError(session_id, live.owner_id)
+        if published.replayed:  # (a key records a close only once it closed: not reached)
+            return published
+        last_id = published.id
         await self.save_progress(
             live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), last_id=last_id
         )
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
-        return last_id
+        return published
 
     # -- subscribe: wait for the mirror to reach the cursor ------------------------------
 
@@ -528,29 +569,6 @@ class RedisBackend(Backend):
     def _on_recovery(self) -> None:
         """Redis is back: nothing to do here, mirrors are rebuilt as clients come back."""
 
-    def _on_control(self, message: Mapping[str, Any]) -> None:
-        """A control message from another process (pub/sub; never one of this process's).
-
-        ``disconnect``: end the session's subscribers here (all, or the one named by
-        ``subscriber``). ``activity``: dashboard activity items that happened there; they
-        are announced to this process's listeners only, never relayed on.
-        """
-        op = message.get("op")
-        if op == "disconnect":
-            session_id = str(message.get("session"))
-            reason = str(message.get("reason") or "operator")
-            subscriber = message.get("subscriber")
-            if subscriber is not None:
-                self.disconnect_local_subscriber(session_id, str(subscriber), reason)
-                return
-            live = self.registry.get(session_id)
-            if live is not None:
-                live.bus.disconnect_all(reason)
-        elif op == "activity":
-            items = message.get("items")
-            if isinstance(items, list):
-                self.hooks.activity_received([item for item in items if isinstance(item, dict)])
-
     def _report_and_sweep(self) -> dict[str, Any]:
         """The reporter's periodic call: unload idle mirrors, then report."""
         self.unload_idle_mirrors(time.monotonic())
@@ -577,91 +595,12 @@ class RedisBackend(Backend):
             logger.info("mirrors_unloaded count=%d reason=idle", unloaded)
         return unloaded
 
-    def _make_report(self) -> dict[str, Any]:
-        """This process's live figures and subscribers (written to Redis with a TTL)."""
-        subscribers = {
-            live.session_id: self.local_subscribers(live.session_id)
-            for live in self.registry.values()
-        }
-        return make_report(self.live_stats(), subscribers)
 
-    # -- operators ---------------------------------------------------------------------
-
-    async def other_reports(self) -> list[dict[str, Any]]:
-        store = self.store()
-        return [r for r in await store.reports() if r.get("process") != store.process_uid]
-
-    def cluster_stats(
-        self, others: Sequence[Mapping[str, Any]], session_ids: Iterable[str] | None = None
-    ) -> dict[str, BusStats]:
-        if not others:
-            return self.live_stats(session_ids)
-        return merge_reports([*others, self._make_report()], session_ids)
-
-    def operator_stats_blocking(
-        self, session_ids: Iterable[str] | None = None, *, timeout_s: float = 2.0
-    ) -> dict[str, BusStats]:
-        """The sums over every live process: on the server loop when this process has one,
-        else read with a short-lived synchronous client, so a process that has loaded
-        nothing still shows the cluster's numbers and starts nothing."""
-        if self.loop.get() is None:
-            reports = read_reports_blocking(
-                self.config.redis_url, self.config.redis_key_prefix, timeout_s=timeout_s / 3
-            )
-            return merge_reports(reports, session_ids)
-
-        async def bounded() -> dict[str, BusStats]:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    return await self.operator_stats(session_ids)
-            except TimeoutError:
-                raise BackendUnavailableError(
-                    f"Redis did not answer within {timeout_s} s"
-                ) from None
-
-        return self.loop.run(bounded, timeout_s=timeout_s + 1.0)
-
-    async def subscriber_count(self, live: LiveSession) -> int:
-        stats = (await self.operator_stats([live.session_id])).get(live.session_id)
-        return stats.subscriber_count if stats is not None else 0
-
-    async def list_subscribers(self, session_id: str) -> list[dict[str, Any]]:
-        rows_here = self.local_subscribers(session_id)
-        for report in await self.other_reports():
-            rows_here.extend((report.get("subscribers") or {}).get(session_id) or [])
-        return sorted(rows_here, key=lambda row: row.get("since") or 0)
-
-    async def disconnect_subscriber(
-        self, session_id: str, subscriber_id: str, *, reason: str
-    ) -> bool:
-        if self.disconnect_local_subscriber(session_id, subscriber_id, reason):
-            return True
-        message = {
-            "op": "disconnect",
-            "session": session_id,
-            "subscriber": subscriber_id,
-            "reason": reason,
-        }
-        return await self.store().send_control(message) > 0
-
-    async def disconnect_everywhere(self, session_id: str, *, reason: str) -> Disconnected:
-        live = self.registry.get(session_id)
-        here = live.bus.disconnect_all(reason) if live is not None else 0
-        message = {"op": "disconnect", "session": session_id, "reason": reason}
-        try:
-            told = await self.store().send_control(message)
-        except BackendUnavailableError as exc:
-            logger.error("disconnect_not_relayed session=%s error=%s", session_id, exc)
-            return Disconnected(here, None)
-        return Disconnected(here, told)
-
-    async def relay_activity(self, items: Sequence[Mapping[str, Any]]) -> None:
-        """One control message ``{"op": "activity", "items": [...]}`` on the prefixed
-        control channel. Fails at once while this process's reader has lost Redis."""
-        store = self.store()
-        if not store.available:
-            raise BackendUnavailableError("Redis is unavailable (this process's reader lost it)")
-        await store.send_control({"op": "activity", "items": list(items)})
+def _replayed(remembered: Remembered, idempotency: IdempotencyKey) -> Published:
+    """The first result of a key, as a replayed publish; raises if the request differs."""
+    if remembered.digest != idempotency.digest:
+        raise IdempotencyKeyReusedError(idempotency.key)
+    return Published(remembered.id, remembered.epoch, replayed=True)
 
 
 def _advanced(live: LiveSession) -> asyncio.Event:

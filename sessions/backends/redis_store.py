@@ -52,6 +52,16 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from sessions.backends.errors import BackendUnavailableError
+from sessions.backends.idempotency import IdempotencyKey, Remembered
+from sessions.backends.redis_scripts import (
+    CLOSED_KEYS_TTL_MS,
+    ENSURE_LUA,
+    IDEMPOTENCY_EXPIRE_BATCH,
+    PUBLISH_LUA,
+    RESTART_LUA,
+    PublishOutcome,
+    parse_remembered,
+)
 
 __all__ = [
     "BackendUnavailableError",
@@ -107,57 +117,6 @@ def is_unavailable(exc: BaseException) -> bool:
     )
 
 
-# KEYS: meta, stream. ARGV: envelope JSON without id, ring size, "1" to close after it,
-# the highest id the caller knows was issued, the keys' time to live after a close (ms).
-# -> {"ok", epoch, id} | {"closed", epoch} | {"noepoch"} | {"stale", epoch}
-_PUBLISH_LUA: Final = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return {'noepoch'} end
-if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-if not last or last < tonumber(ARGV[4]) then return {'stale', epoch} end
-local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
-redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
-if ARGV[3] == '1' then
-  redis.call('HSET', KEYS[1], 'closed', id)
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
-end
-return {'ok', epoch, id}
-"""
-
-# KEYS: meta, stream. ARGV: the stale epoch, a new epoch, base id, the highest id the
-# caller knows was issued. Replaces the session's data only if it still has the stale epoch
-# (or none) and its last id is still below that (checked here, atomically: an id issued
-# since the caller looked is not Redis going back in time).
-# -> {epoch, replaced (0/1)}
-_RESTART_LUA: Final = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if epoch and epoch ~= ARGV[1] then return {epoch, 0} end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-if epoch and last and last >= tonumber(ARGV[4]) then return {epoch, 0} end
-redis.call('DEL', KEYS[1], KEYS[2])
-local base = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'last', base, 'first', base + 1)
-return {ARGV[2], 1}
-"""
-
-#: How long a closed session's stream stays in Redis (ms): long enough for every process's
-#: reader to deliver ``session_closed``. Its small meta hash stays (a tombstone), so the
-#: session can never be reopened by a publish even if writing the row failed.
-CLOSED_KEYS_TTL_MS: Final = 3_600_000
-
-# KEYS: meta, stream. ARGV: new epoch, base id (ids continue at base + 1).
-# -> {epoch, created (0/1)}
-_ENSURE_LUA: Final = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if epoch then return {epoch, 0} end
-redis.call('DEL', KEYS[2])
-local base = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'last', base, 'first', base + 1)
-return {ARGV[1], 1}
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class SessionHead:
     """A session's sequence as Redis has it: ``epoch`` None means Redis has no data."""
@@ -177,15 +136,6 @@ class SessionWindow:
     head: SessionHead
     first_id: int
     entries: tuple[tuple[int, bytes], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PublishOutcome:
-    """What the publish script did: ``status`` is ``ok``, ``closed``, ``stale`` or ``noepoch``."""
-
-    status: str
-    epoch: str | None = None
-    event_id: int | None = None
 
 
 EntryHandler = Callable[[str, list[tuple[int, bytes]]], None]
@@ -222,9 +172,9 @@ class RedisStore:
             socket_timeout=_COMMAND_TIMEOUT_S,
             retry_on_timeout=False,
         )
-        self._publish_script = self.client.register_script(_PUBLISH_LUA)
-        self._ensure_script = self.client.register_script(_ENSURE_LUA)
-        self._restart_script = self.client.register_script(_RESTART_LUA)
+        self._publish_script = self.client.register_script(PUBLISH_LUA)
+        self._ensure_script = self.client.register_script(ENSURE_LUA)
+        self._restart_script = self.client.register_script(RESTART_LUA)
         self._watched: dict[str, int] = {}  # session id -> last id handed to the handler
         self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
         self._wake_seen = b"0-0"
@@ -248,6 +198,11 @@ class RedisStore:
 
     def stream_key(self, session_id: str) -> str:
         return f"{self.prefix}:s:{{{session_id}}}:stream"
+
+    def idempotency_keys(self, session_id: str) -> tuple[str, str]:
+        """The session's idempotency hash and its sorted set of first-request times."""
+        base = f"{self.prefix}:s:{{{session_id}}}"
+        return f"{base}:idem", f"{base}:idemt"
 
     @property
     def control_channel(self) -> str:
@@ -340,6 +295,9 @@ class RedisStore:
         *,
         close: bool = False,
         known_last_id: int = 0,
+        idempotency: IdempotencyKey | None = None,
+        idempotency_ttl_s: float = 900.0,
+        idempotency_max_keys: int = 10_000,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring (trimmed to ``ring_size``).
 
@@ -348,24 +306,59 @@ class RedisStore:
         its keys expire after ``CLOSED_KEYS_TTL_MS``. ``known_last_id``: the highest id the
         caller knows was issued; if Redis's last id is below it, Redis went back in time
         (restored from an older snapshot) and nothing is appended (status ``stale``): an id
-        must never be issued twice in one epoch. Raises :class:`BackendUnavailableError`.
+        must never be issued twice in one epoch. ``idempotency``: a key already stored for
+        the session (younger than ``idempotency_ttl_s``) appends nothing and answers
+        status ``replay`` with its first result; a new key is stored with the new id, at
+        most ``idempotency_max_keys`` per session (oldest dropped), all in the same script.
+        The caller compares digests. Raises :class:`BackendUnavailableError`.
         """
-        keys = [self.meta_key(session_id), self.stream_key(session_id)]
+        keys = [
+            self.meta_key(session_id),
+            self.stream_key(session_id),
+            *self.idempotency_keys(session_id),
+        ]
         args: list[bytes | str | int] = [
             body,
             ring_size,
             "1" if close else "0",
             known_last_id,
             CLOSED_KEYS_TTL_MS,
+            idempotency.key if idempotency is not None else "",
+            idempotency.digest if idempotency is not None else "",
+            _now_ms(),
+            max(1, int(idempotency_ttl_s * 1000)),
+            idempotency_max_keys,
+            IDEMPOTENCY_EXPIRE_BATCH,
         ]
         with _unavailable_as_error():
             reply = await self._publish_script(keys=keys, args=args)
         status = _text(reply[0])
         if status == "ok":
             return PublishOutcome("ok", _text(reply[1]), int(reply[2]))
+        if status == "replay":
+            remembered = parse_remembered(_text(reply[1]))
+            if remembered is not None:
+                return PublishOutcome("replay", remembered.epoch, remembered.id, remembered)
+            logger.warning("idempotency_entry_unreadable session=%s", session_id)
+            return PublishOutcome("noepoch")
         if status in ("closed", "stale"):
             return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
+
+    async def recall(self, session_id: str, key: str, *, ttl_s: float = 900.0) -> Remembered | None:
+        """Return the first result stored for ``key`` in the session (younger than
+        ``ttl_s``), or None. Reads only. Raises :class:`BackendUnavailableError`."""
+        idem, times = self.idempotency_keys(session_id)
+        with _unavailable_as_error():
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hget(idem, key)
+                pipe.zscore(times, key)
+                raw, first_at_ms = await pipe.execute()
+        if raw is None or first_at_ms is None:
+            return None
+        if _now_ms() - float(first_at_ms) >= ttl_s * 1000:
+            return None
+        return parse_remembered(_text(raw))
 
     async def send_control(self, message: Mapping[str, Any]) -> int:
         """Publish a control message to every other process; return how many received it.
@@ -640,6 +633,12 @@ def _unavailable_as_error() -> Any:
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
     except OSError as exc:
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def _now_ms() -> int:
+    """Wall-clock epoch milliseconds: the idempotency keys' times (comparable across
+    processes)."""
+    return int(time.time() * 1000)
 
 
 def _text(value: Any) -> str:

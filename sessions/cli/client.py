@@ -1,7 +1,9 @@
 """Small HTTP clients for the session API, used by the terminal tools (stdlib only).
 
 * :class:`Publisher` posts events (``POST /session/<id>/events``) over one keep-alive
-  connection, retrying while the server is not up yet.
+  connection, each with an ``Idempotency-Key`` (a UUID4 per logical publish, the same on
+  every retry of it), retrying while the server is not up yet, after a lost answer and
+  after a 503: a retried publish never publishes twice.
 * :class:`EventStreamClient` reads ``GET /session/<id>/events`` with
   :class:`sessions.wire.SSEParser` and reconnects the way EventSource does: with
   ``Last-Event-ID`` (and the ``X-Event-Epoch`` it came from) after the server's
@@ -16,6 +18,7 @@ import http.client
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -67,15 +70,30 @@ class Publisher:
         self._conn: http.client.HTTPConnection | None = None
         self._path = ""
 
-    def publish(self, event_type: str, data: Any, *, attempts: int = 30) -> int:
+    def publish(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        attempts: int = 30,
+        idempotency_key: str | None = None,
+    ) -> int:
         """Publish one event; return its id.
 
-        Retries connection failures (server starting or restarting) up to ``attempts``
-        times, one second apart. Raises :class:`ApiCallError` on an error status, or
+        The request carries ``Idempotency-Key: idempotency_key`` (default a new UUID4),
+        the same on every attempt, so the server publishes it once however often it is
+        sent. Retries connection failures (server starting or restarting, an answer lost
+        after the request was sent) one second apart, and a 503 after its
+        ``Retry-After`` (at most 5 s), up to ``attempts`` tries in all. Raises
+        :class:`ApiCallError` on another error status (or a 503 on the last attempt),
         ``OSError`` when the server stays unreachable.
         """
         body = json.dumps({"type": event_type, "data": data}).encode()
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Content-Type": "application/json",
+            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+        }
         for attempt in range(attempts):
             try:
                 if self._conn is None:
@@ -89,6 +107,9 @@ class Publisher:
                     raise
                 time.sleep(1.0)
                 continue
+            if response.status == 503 and attempt < attempts - 1:
+                time.sleep(_retry_after_s(response.getheader("Retry-After")))
+                continue
             if response.status != 200:
                 raise ApiCallError(response.status, payload)
             return int(json.loads(payload)["id"])
@@ -99,6 +120,14 @@ class Publisher:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _retry_after_s(raw: str | None) -> float:
+    """A 503's ``Retry-After`` in seconds, within [0.1, 5]; 1 s when absent or not a number."""
+    try:
+        return min(5.0, max(0.1, float(raw or "1")))
+    except ValueError:
+        return 1.0
 
 
 class StreamEnd(Exception):

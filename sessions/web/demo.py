@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Final
 
 from django.http import HttpRequest, JsonResponse
@@ -20,6 +21,7 @@ from sessions.auth import can_view
 from sessions.backends import get_backend
 from sessions.backends.base import (
     BackendUnavailableError,
+    IdempotencyKey,
     SessionClosedError,
     SessionNotFoundError,
 )
@@ -40,6 +42,10 @@ logger = logging.getLogger("qwenweb.pages")
 
 DEMO_CHUNKS_PER_S: Final = 25.0
 """Pace of the demo agent: ``agent_message_chunk`` events per second (an LLM's typing)."""
+
+DEMO_PUBLISH_ATTEMPTS: Final = 3
+"""Tries per event while the event store is away (one idempotency key for all of them)."""
+DEMO_RETRY_PAUSE_S: Final = 1.0
 
 _demo_agents: dict[str, asyncio.Task[int]] = {}
 
@@ -106,18 +112,38 @@ async def run_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_P
     published = 0
     for event_type, data, tokens in agent_turns():
         await asyncio.sleep(tokens / chunks_per_s)
+        # One key per event, the same on every try: a publish that timed out but was
+        # stored is not stored twice (docs/protocol.md, "Idempotent publish").
+        key = IdempotencyKey(str(uuid.uuid4()), "demo")
+        outcome = await _publish_with_retries(session_id, event_type, data, key)
+        if outcome is None:
+            break
+        published += outcome
+    return published
+
+
+async def _publish_with_retries(
+    session_id: str, event_type: str, data: object, key: IdempotencyKey
+) -> int | None:
+    """1 once published, 0 when the store stayed away (skipped), None to stop the demo."""
+    for attempt in range(DEMO_PUBLISH_ATTEMPTS):
         backend = get_backend()
         try:
             live = await backend.get_live_session(session_id)
-            if await backend.publish(live, {"type": event_type, "data": data}) is None:
-                break  # closed between the lookup and the publish (EB-2)
+            if await backend.publish(live, {"type": event_type, "data": data}, idempotency=key):
+                return 1
+            return None  # closed between the lookup and the publish (EB-2)
         except (SessionClosedError, SessionNotFoundError):
-            break
+            return None
         except BackendUnavailableError:
-            logger.warning("demo_agent_waiting session=%s reason=backend_unavailable", session_id)
-            continue  # the demo skips what it could not publish while Redis is away
-        published += 1
-    return published
+            logger.warning(
+                "demo_agent_waiting session=%s reason=backend_unavailable attempt=%d",
+                session_id,
+                attempt + 1,
+            )
+            if attempt + 1 < DEMO_PUBLISH_ATTEMPTS:
+                await asyncio.sleep(DEMO_RETRY_PAUSE_S)
+    return 0  # the demo skips what it could not publish while Redis is away
 
 
 def _demo_finished(session_id: str, task: asyncio.Task[int]) -> None:

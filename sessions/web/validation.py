@@ -14,6 +14,12 @@ import orjson
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 
+from sessions.backends.idempotency import (
+    MAX_KEY_LENGTH,
+    IdempotencyKey,
+    is_valid_key,
+    request_digest,
+)
 from sessions.conf import get_config
 from sessions.errors import ApiError
 from sessions.wire import sanitize_for_log
@@ -23,6 +29,7 @@ __all__ = [
     "MAX_TITLE_LENGTH",
     "MAX_TYPE_LENGTH",
     "RESERVED_TYPES",
+    "idempotency_key",
     "parse_json_body",
     "validate_publish_body",
 ]
@@ -153,3 +160,29 @@ def validate_publish_body(body: Any) -> dict[str, Any]:
             field="data",
         )
     return body
+
+
+def idempotency_key(request: HttpRequest, kind: str) -> IdempotencyKey | None:
+    """Return the request's ``Idempotency-Key`` with the digest of the request, or None.
+
+    ``kind`` names the endpoint (``"events"``: the digest covers the body as received;
+    ``"close"``: the body is ignored). Read before the body is validated, so a bad key is
+    refused whatever the body.
+
+    Raises:
+        ApiError: 400 ``invalid_idempotency_key`` (``header: "Idempotency-Key"``) when the
+            value is empty, longer than 128 characters or not printable ASCII.
+    """
+    raw = request.headers.get("Idempotency-Key")
+    if raw is None:
+        return None
+    if not is_valid_key(raw):
+        raise ApiError(
+            400,
+            "invalid_idempotency_key",
+            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
+            header="Idempotency-Key",
+            log_extra=f" value={sanitize_for_log(raw, 60)!r}",
+        )
+    body = request.body if kind == "events" else b""
+    return IdempotencyKey(raw, request_digest(kind, body))

@@ -27,14 +27,26 @@ from sessions.auth import (
     issue_token,
 )
 from sessions.backends import get_backend
-from sessions.backends.base import LiveSession, SessionClosedError, SessionNotFoundError
+from sessions.backends.base import (
+    IdempotencyKey,
+    IdempotencyKeyReusedError,
+    LiveSession,
+    Published,
+    SessionClosedError,
+    SessionNotFoundError,
+)
 from sessions.bus import DEFAULT_MAX_QUEUED, MAX_EVENT_RING_SIZE, MAX_QUEUED_MAX, MAX_QUEUED_MIN
 from sessions.conf import get_config
 from sessions.errors import ApiError
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
 from sessions.web.responses import api_view, enforce_csrf
-from sessions.web.validation import MAX_TITLE_LENGTH, parse_json_body, validate_publish_body
+from sessions.web.validation import (
+    MAX_TITLE_LENGTH,
+    idempotency_key,
+    parse_json_body,
+    validate_publish_body,
+)
 from sessions.wire import sanitize_for_log
 
 logger = logging.getLogger("qwenweb.api")
@@ -224,31 +236,79 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     return HttpResponse(body, content_type="application/json")
 
 
+REPLAYED_HEADER: Final = "Idempotent-Replayed"
+"""Set to ``true`` on an answer that repeats an idempotent request's first result."""
+
+
+def _key_reused(idempotency: IdempotencyKey) -> ApiError:
+    return ApiError(
+        422,
+        "idempotency_key_reused",
+        "this Idempotency-Key was first sent with another request; use a new key",
+        log_extra=f" key={sanitize_for_log(idempotency.key, 60)!r}",
+    )
+
+
+async def _recall(session_id: str, idempotency: IdempotencyKey | None) -> Published | None:
+    """The first result of ``idempotency`` in a session found closed (None: unknown)."""
+    if idempotency is None:
+        return None
+    try:
+        return await get_backend().recall(session_id, idempotency)
+    except IdempotencyKeyReusedError:
+        raise _key_reused(idempotency) from None
+
+
+def _published_response(published: Published) -> HttpResponse:
+    response = JsonResponse({"id": published.id, "epoch": published.epoch})
+    if published.replayed:
+        response[REPLAYED_HEADER] = "true"
+    return response
+
+
 @api_view("POST")
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
     Needs ``publish`` access. 400 names the bad field; 409 when the session is closed;
-    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``. (``GET`` is the stream, served
-    by ``sessions.transport.stream`` in front of Django.)
+    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``. With an ``Idempotency-Key``
+    a repeat answers the first result (``Idempotent-Replayed: true``) and publishes
+    nothing; the key with another body is 422 ``idempotency_key_reused``. (``GET`` is the
+    stream, served by ``sessions.transport.stream`` in front of Django.)
     """
     session_id = _session_id_or_404(session_id)
     principal = await _authenticate(request)
     check_token_scope(principal, session_id, "publish")  # learns nothing more without it
+    idempotency = idempotency_key(request, "events")
     event = validate_publish_body(parse_json_body(request, required=True))
     try:
         live = await _open_session(principal, session_id, "publish")
     except SessionClosedError:
+        replay = await _recall(session_id, idempotency)
+        if replay is not None:  # published before the session closed: its first answer
+            return _published_response(replay)
         raise ApiError(409, "session_closed", "the session is closed") from None
     try:
-        published = await get_backend().publish(live, event)
+        published = await get_backend().publish(live, event, idempotency=idempotency)
+    except IdempotencyKeyReusedError:
+        assert idempotency is not None
+        raise _key_reused(idempotency) from None
     except SessionClosedError:  # closed on another process meanwhile
         raise ApiError(409, "session_closed", "the session is closed") from None
     except SessionNotFoundError:  # deleted meanwhile
         raise ApiError(404, "not_found", "unknown session") from None
     if published is None:
+        replay = await _recall(session_id, idempotency)
+        if replay is not None:
+            return _published_response(replay)
         raise ApiError(409, "session_closed", "the session is closed")
-    return JsonResponse({"id": published.id, "epoch": published.epoch})
+    return _published_response(published)
+
+
+def _closed_response(session_id: str, last_id: int, *, already: bool) -> JsonResponse:
+    return JsonResponse(
+        {"id": session_id, "status": "closed", "lastEventId": last_id, "alreadyClosed": already}
+    )
 
 
 @api_view("POST")
@@ -256,28 +316,29 @@ async def close_session(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/close``: publish ``session_closed``, close the bus.
 
     Needs ``publish`` access. Idempotent: closing a closed session answers 200 with
-    ``"alreadyClosed": true``.
+    ``"alreadyClosed": true``; with the ``Idempotency-Key`` that closed it, the first
+    answer again (``"alreadyClosed": false``, ``Idempotent-Replayed: true``).
     """
     session_id = _session_id_or_404(session_id)
     principal = await _authenticate(request)
+    idempotency = idempotency_key(request, "close")
     try:
         await _open_session(principal, session_id, "publish")
-        last_id = await get_backend().close_session(
-            session_id, reason="closed", closed_by=principal.name
+        closed = await get_backend().close_session(
+            session_id, reason="closed", closed_by=principal.name, idempotency=idempotency
         )
+    except IdempotencyKeyReusedError:
+        assert idempotency is not None
+        raise _key_reused(idempotency) from None
     except SessionClosedError:
+        replay = await _recall(session_id, idempotency)
+        if replay is not None:
+            response = _closed_response(session_id, replay.id, already=False)
+            response[REPLAYED_HEADER] = "true"
+            return response
         row = await _row_or_404(session_id)
-        return JsonResponse(
-            {
-                "id": session_id,
-                "status": "closed",
-                "lastEventId": row.last_event_id,
-                "alreadyClosed": True,
-            }
-        )
-    return JsonResponse(
-        {"id": session_id, "status": "closed", "lastEventId": last_id, "alreadyClosed": False}
-    )
+        return _closed_response(session_id, row.last_event_id, already=True)
+    return _closed_response(session_id, closed.id, already=False)
 
 
 _FORM_TYPES: Final = ("application/x-www-form-urlencoded", "multipart/form-data")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -136,3 +137,79 @@ def test_serve_refuses_to_start_with_bad_settings(env: dict[str, str], tmp_path:
     )
     assert done.returncode == 1, done.stdout[-2000:]
     assert b"qwenweb.E001" in done.stderr
+
+
+class _AnswerDroppingProxy:
+    """A TCP proxy on 127.0.0.1 that forwards the first connection's request and then
+    drops its answer (reads it from the server, closes the client's socket); later
+    connections are relayed both ways. Threads; every socket operation times out."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import socket
+        import threading
+
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
+            client.settimeout(10)
+            if self.dropped == 0:
+                self.dropped += 1
+                upstream.sendall(client.recv(65536))  # the whole POST (small)
+                upstream.recv(65536)  # the server answered: nobody hears it
+                client.close()
+                upstream.close()
+                continue
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(source, target), daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.listener.close()
+
+
+def _pipe(source, target) -> None:
+    try:
+        while chunk := source.recv(65536):
+            target.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for sock in (source, target):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_publisher_retry_after_a_lost_answer_publishes_once(daphne_server: ServerProcess) -> None:
+    # The answer to the first POST is lost after the server published: the Publisher
+    # resends with the same Idempotency-Key and the server answers the first id again.
+    from sessions.cli.client import Publisher
+
+    session = RemoteSession.create(daphne_server.base_url)
+    proxy = _AnswerDroppingProxy(daphne_server.port)
+    publisher = Publisher(f"http://127.0.0.1:{proxy.port}", session.id, session.publish_token)
+    try:
+        first_id = publisher.publish("note", {"n": 1}, attempts=3)
+        # (the retry waited 1 s: the Publisher's pause after a failed connection)
+    finally:
+        publisher.close()
+        proxy.close()
+    assert proxy.dropped == 1
+    events = [e for e in session.load()["events"] if e.get("type") == "note"]
+    assert [e["id"] for e in events] == [first_id]

@@ -1,0 +1,143 @@
+"""The Lua scripts of the Redis backend, and what their replies mean.
+
+Each script runs atomically in Redis, so what it checks and what it writes are one step
+whatever process calls it (:mod:`sessions.backends.redis_store` registers and calls
+them). Keys (``P`` = the key prefix, ``S`` = a session id; the ``{S}`` hash tag keeps a
+session's keys in one Redis Cluster slot):
+
+``P:s:{S}:meta``   hash: ``epoch``, ``last``, ``first``, ``closed`` (see ``redis_store``).
+``P:s:{S}:stream`` the shared ring (a Redis Stream).
+``P:s:{S}:idem``   hash: idempotency key -> ``"<id> <epoch> <digest>"``, the first result
+                   of each key (docs/protocol.md, "Idempotent publish").
+``P:s:{S}:idemt``  sorted set: idempotency key -> the time of its first request (epoch
+                   ms); trimmed in the publish script to ``IDEMPOTENCY_MAX_KEYS`` members
+                   (oldest first) and to ``IDEMPOTENCY_TTL_S``. Both idempotency keys
+                   expire ``IDEMPOTENCY_TTL_S`` after the last publish that carried a key.
+
+Idempotency inside the publish script: a key already in ``idem`` (and younger than the
+time to live) answers its first result and writes nothing; a new key is stored with the
+id the same script assigns. So a publish whose answer was lost (a timeout, a dropped
+connection) and is retried with its key never publishes twice, on any process.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from sessions.backends.idempotency import Remembered
+
+__all__ = [
+    "CLOSED_KEYS_TTL_MS",
+    "ENSURE_LUA",
+    "IDEMPOTENCY_EXPIRE_BATCH",
+    "PUBLISH_LUA",
+    "RESTART_LUA",
+    "PublishOutcome",
+    "parse_remembered",
+]
+
+#: How long a closed session's stream stays in Redis (ms): long enough for every process's
+#: reader to deliver ``session_closed``. Its small meta hash stays (a tombstone), so the
+#: session can never be reopened by a publish even if writing the row failed.
+CLOSED_KEYS_TTL_MS: Final = 3_600_000
+
+#: At most this many idempotency keys are dropped by one publish (expired or over the
+#: count): bounded work per call, and within Lua's argument limit for ``unpack``.
+IDEMPOTENCY_EXPIRE_BATCH: Final = 1000
+
+# KEYS: meta, stream, idem hash, idem times. ARGV: 1 envelope JSON without id, 2 ring size,
+# 3 "1" to close after it, 4 the highest id the caller knows was issued, 5 the keys' time
+# to live after a close (ms), 6 idempotency key ("" for none), 7 its request digest,
+# 8 now (epoch ms), 9 the keys' time to live (ms), 10 at most this many keys, 11 the batch.
+# -> {"ok", epoch, id} | {"replay", "<id> <epoch> <digest>"} | {"closed", epoch}
+#    | {"noepoch"} | {"stale", epoch}
+PUBLISH_LUA: Final = """
+local key = ARGV[6]
+local now = tonumber(ARGV[8])
+local batch = tonumber(ARGV[11])
+if key ~= '' then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[9]),
+                             'LIMIT', 0, batch)
+  if #expired > 0 then
+    redis.call('HDEL', KEYS[3], unpack(expired))
+    redis.call('ZREM', KEYS[4], unpack(expired))
+  end
+  local first = redis.call('HGET', KEYS[3], key)
+  if first then return {'replay', first} end
+end
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return {'noepoch'} end
+if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} end
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if not last or last < tonumber(ARGV[4]) then return {'stale', epoch} end
+local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
+if key ~= '' then
+  redis.call('HSET', KEYS[3], key, id .. ' ' .. epoch .. ' ' .. ARGV[7])
+  redis.call('ZADD', KEYS[4], now, key)
+  local extra = math.min(redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[10]), batch)
+  if extra > 0 then
+    local oldest = redis.call('ZRANGE', KEYS[4], 0, extra - 1)
+    redis.call('HDEL', KEYS[3], unpack(oldest))
+    redis.call('ZREMRANGEBYRANK', KEYS[4], 0, extra - 1)
+  end
+  redis.call('PEXPIRE', KEYS[3], ARGV[9])
+  redis.call('PEXPIRE', KEYS[4], ARGV[9])
+end
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[1], 'closed', id)
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+return {'ok', epoch, id}
+"""
+
+# KEYS: meta, stream. ARGV: the stale epoch, a new epoch, base id, the highest id the
+# caller knows was issued. Replaces the session's data only if it still has the stale epoch
+# (or none) and its last id is still below that (checked here, atomically: an id issued
+# since the caller looked is not Redis going back in time). The idempotency keys stay:
+# a retry still answers its first result, in the epoch it was published in.
+# -> {epoch, replaced (0/1)}
+RESTART_LUA: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if epoch and epoch ~= ARGV[1] then return {epoch, 0} end
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if epoch and last and last >= tonumber(ARGV[4]) then return {epoch, 0} end
+redis.call('DEL', KEYS[1], KEYS[2])
+local base = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'last', base, 'first', base + 1)
+return {ARGV[2], 1}
+"""
+
+# KEYS: meta, stream. ARGV: new epoch, base id (ids continue at base + 1).
+# -> {epoch, created (0/1)}
+ENSURE_LUA: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if epoch then return {epoch, 0} end
+redis.call('DEL', KEYS[2])
+local base = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'last', base, 'first', base + 1)
+return {ARGV[1], 1}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishOutcome:
+    """What the publish script did: ``status`` is ``ok``, ``replay`` (``remembered`` is
+    the key's first result), ``closed``, ``stale`` or ``noepoch``."""
+
+    status: str
+    epoch: str | None = None
+    event_id: int | None = None
+    remembered: Remembered | None = None
+
+
+def parse_remembered(raw: str) -> Remembered | None:
+    """Return the ``"<id> <epoch> <digest>"`` value of the ``idem`` hash, or None if it is
+    not one (then the key counts as unknown). Never raises."""
+    parts = raw.split(" ")
+    if len(parts) != 3 or not parts[0].isdigit():
+        return None
+    return Remembered(int(parts[0]), parts[1], parts[2])
