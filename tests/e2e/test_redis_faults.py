@@ -26,9 +26,7 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.error
@@ -44,6 +42,7 @@ import pytest_asyncio
 import redis
 
 from sessions.wire import ServerSentEvent
+from tests.support.redis_server import PrivateRedis
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
@@ -51,75 +50,16 @@ from tests.support.server import (
     event_ids,
     free_port,
     start_redis_server,
-    stop_process,
     wait_for,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
 
-REDIS_SERVER = "/usr/bin/redis-server"
 PREFIX = "qwtest-faults"
 #: Bound of every wait around an outage: the readers' reconnect backoff (<= 5 s), with room.
 RECOVERY_S = 20.0
 UNAVAILABLE_LINE = re.compile(r"qwenweb\.redis backend_unavailable ")
 RECOVERED_LINE = re.compile(r"qwenweb\.redis backend_recovered ")
-
-
-# -- a private redis-server ------------------------------------------------------------------
-
-
-@dataclass
-class PrivateRedis:
-    """A ``redis-server`` of this test only: 127.0.0.1:``port``, data in ``directory``.
-
-    ``persistent`` turns on the AOF with an fsync per write, so a restart keeps every
-    acknowledged write; without it a restart starts empty.
-    """
-
-    port: int
-    directory: Path
-    persistent: bool
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 10.0) -> PrivateRedis:
-        """Start the server and return once it answers PING; raises after ``timeout_s``."""
-        argv = [
-            REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.directory), "--save", "", "--daemonize", "no",
-            "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always",
-        ]  # fmt: skip
-        with (self.directory / "redis.log").open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while not self._answers_ping():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                log_text = (self.directory / "redis.log").read_text(errors="replace")
-                raise RuntimeError(f"redis-server did not come up: {log_text[-2000:]}")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM: AOF flushed; SIGKILL after 10 s). Idempotent."""
-        if self.process is not None:
-            stop_process(self.process)
-        self.process = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
-
-    def _answers_ping(self) -> bool:
-        """One raw ``PING`` (no client-side retries): True on ``+PONG`` (not while loading)."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
 
 
 def _running_redis(directory: Path, *, persistent: bool) -> Iterator[PrivateRedis]:
