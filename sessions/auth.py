@@ -10,7 +10,8 @@ The access policy lives here, once, for the stream route, the API views, the pag
 the dashboard: :func:`authenticate` says who is calling (a bearer token, or an *active*
 logged-in user), :func:`check_access` whether they may act on a session (the token
 grants it, or the user owns the session or is active staff; a session without an owner
-is for staff only), :func:`is_operator` whether a user is active staff.
+is for staff only; a user who may not see a session gets the 404 of an unknown one),
+:func:`is_operator` whether a user is active staff.
 """
 
 from __future__ import annotations
@@ -213,15 +214,17 @@ def check_token_scope(principal: Principal, session_id: str, scope: str) -> None
 
 
 def check_access(principal: Principal, session_id: str, owner_id: int | None, scope: str) -> None:
-    """Raise a 403 unless ``principal`` may use ``scope`` on the session.
+    """Raise unless ``principal`` may use ``scope`` on the session.
 
-    A token must grant it; a user must be staff or the session's owner (``owner_id``;
-    None: nobody owns it, staff only).
+    A token must grant it (else 403: a token only ever names its own session, so the
+    refusal tells it nothing new). A user must be staff or the session's owner
+    (``owner_id``; None: nobody owns it, staff only); anyone else gets exactly the 404 of
+    a session that does not exist, so a logged-in user cannot tell which ids exist.
 
     Raises:
-        ApiError: 403 ``forbidden``.
+        ApiError: 403 ``forbidden`` (a token), 404 ``not_found`` (a user).
     """
     if principal.claims is not None:
         check_token_scope(principal, session_id, scope)
     elif not (principal.is_staff or (owner_id is not None and owner_id == principal.user_id)):
-        raise ApiError(403, "forbidden", "only the session's owner or staff may do this")
+        raise ApiError(404, "not_found", "unknown session")

@@ -56,7 +56,7 @@ async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
 
     Login session + CSRF (Django's middleware; a missing token is its 403 page). Answers
     202 ``{"started": true, "sessionId", "chunksPerS"}``; JSON errors otherwise: 401 not
-    logged in, 403 neither owner nor staff, 404 unknown session, 409 ``demo_running``
+    logged in, 404 unknown session or neither owner nor staff, 409 ``demo_running``
     (one agent per session) or ``session_closed``.
     """
     user = await request_user(request)
@@ -64,10 +64,8 @@ async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
         return error_response(401, "unauthorized", "log in to start the demo agent")
     normalized = normalize_session_id(session_id)
     row = await session_row(normalized) if normalized else None
-    if row is None:
+    if row is None or not can_view(user, row.owner_id):  # the same 404: existence never leaks
         return error_response(404, "not_found", "unknown session")
-    if not can_view(user, row.owner_id):
-        return error_response(403, "forbidden", "only the session's owner or staff may do this")
     if row.is_closed:
         return error_response(409, "session_closed", "the session is closed")
     if not start_demo_agent(row.id):

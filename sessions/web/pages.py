@@ -7,7 +7,8 @@ Routes (``sessions/urls.py``):
 - ``GET /sessions/<id>/`` — the live session page: a template plus
   ``static/qwenweb/session_page.js``, which reads the stream with ``fetch`` and the
   hand-written parser of ``static/qwenweb/sse.js`` (SC-1 ... SC-13). Login required
-  (redirect to ``LOGIN_URL``), owner or active staff (else the 403 page), unknown id → 404.
+  (redirect to ``LOGIN_URL``), owner or active staff; anyone else gets the 404 page of
+  an unknown id.
 
 The pages are plain synchronous views (Django runs them in its thread pool under ASGI).
 The demo agent's endpoint is :mod:`sessions.web.demo`.
@@ -18,7 +19,6 @@ from __future__ import annotations
 from typing import Final
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -69,15 +69,13 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
     (paths, same origin).
 
     Raises:
-        Http404: malformed or unknown session id.
-        PermissionDenied: the user is neither the owner nor active staff (the 403 page).
+        Http404: malformed or unknown session id, or a session the user may not see
+            (neither its owner nor active staff): the same page, so existence never leaks.
     """
     normalized = normalize_session_id(session_id)
     row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
-    if row is None:
+    if row is None or not can_view(request.user, row.owner_id):
         raise Http404("unknown session")
-    if not can_view(request.user, row.owner_id):
-        raise PermissionDenied("only the session's owner or staff may watch it")
     page_config = {
         "sessionId": row.id,
         "title": row.title,

@@ -384,12 +384,12 @@ async def test_token_for_anonymous_is_401(make_session):
     assert_error(await _token(sid, csrf_headers()), 401, "unauthorized")
 
 
-async def test_token_for_non_owner_is_403(make_session, make_user):
-    # POST /session/<id>/token
+async def test_token_for_non_owner_is_404(make_session, make_user):
+    # POST /session/<id>/token: the stranger cannot tell the session exists
     owner, stranger = await make_user("owner"), await make_user("stranger")
     sid = await make_session(owner=owner)
     response = await _token(sid, csrf_headers(await login_cookie(stranger)))
-    assert_error(response, 403, "forbidden")
+    assert_error(response, 404, "not_found")
 
 
 @pytest.mark.parametrize("scope", ["write", "create", "", 5])
@@ -438,3 +438,20 @@ async def test_wrong_method_is_405_json(make_session, method, path):
     sid = await make_session()
     response = await call(method, path.format(sid=sid), headers=_creator())
     assert_error(response, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"), [("GET", ""), ("POST", "/events"), ("POST", "/close")]
+)
+async def test_logged_in_non_owner_gets_the_404_of_an_unknown_session(
+    make_session, make_user, method, suffix
+):
+    # "Where this differs": a logged-in user cannot tell which sessions exist
+    sid = await make_session(owner=await make_user("owner"), title="secret")
+    headers = csrf_headers(await login_cookie(await make_user("stranger")))
+    body = {"type": "t"} if suffix == "/events" else None
+    found = await call(method, f"/session/{sid}{suffix}", headers=headers, json_body=body)
+    unknown = await call(
+        method, f"/session/{uuid.uuid4()}{suffix}", headers=headers, json_body=body
+    )
+    assert assert_error(found, 404, "not_found") == assert_error(unknown, 404, "not_found")

@@ -60,12 +60,14 @@ async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_
     assert config["maxQueued"] == {"min": 16, "max": 2048, "default": 256}
 
 
-async def test_session_page_of_another_users_session_is_403_page(make_user, make_session):
+async def test_session_page_of_another_users_session_is_the_404_page(make_user, make_session):
     sid = await make_session(owner=await make_user("alice"))
     cookie = await login_cookie(await make_user("mallory"))
     response = await call("GET", f"/sessions/{sid}/", headers={"cookie": cookie})
-    assert response.status == 403
-    assert b"Not yours to watch" in response.body
+    unknown = await call("GET", f"/sessions/{uuid.uuid4()}/", headers={"cookie": cookie})
+    assert response.status == unknown.status == 404
+    assert b"No session you may see" in response.body
+    assert b"No session you may see" in unknown.body
 
 
 async def test_session_page_for_staff_opens_any_session(make_user, make_session):
@@ -132,7 +134,7 @@ async def test_demo_endpoint_refuses_strangers_anonymous_and_closed_sessions(
 ):
     sid = await make_session(owner=await make_user("alice"))
     stranger = csrf_headers(await login_cookie(await make_user("mallory")))
-    assert_error(await call("POST", f"/sessions/{sid}/demo", headers=stranger), 403, "forbidden")
+    assert_error(await call("POST", f"/sessions/{sid}/demo", headers=stranger), 404, "not_found")
     anonymous = await call("POST", f"/sessions/{sid}/demo", headers=csrf_headers())
     assert (anonymous.status, anonymous.json()["code"]) == (401, "unauthorized")
     await close(sid)

@@ -128,13 +128,16 @@ async def test_stream_opens_for_logged_in_owner_with_session_cookie(
     assert (await stream.read_until_type("hello"))["id"] == 1
 
 
-async def test_stream_for_logged_in_non_owner_is_403(make_session, make_user, open_stream):
-    # EB-12
+async def test_stream_for_logged_in_non_owner_is_the_404_of_an_unknown_session(
+    make_session, make_user, open_stream
+):
+    # EB-12, "Where this differs": existence never leaks to a logged-in user
     owner, stranger = await make_user("owner"), await make_user("stranger")
     sid = await make_session(owner=owner, title="secret title")
     headers = {"cookie": await login_cookie(stranger)}
     stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
-    assert_error(stream, 403, "forbidden")
+    unknown = await (await open_stream(f"/session/{uuid.uuid4()}/events", headers)).read_to_end()
+    assert assert_error(stream, 404, "not_found") == assert_error(unknown, 404, "not_found")
     assert b"secret title" not in stream.body
 
 
@@ -361,7 +364,7 @@ async def test_stream_of_closed_session_without_auth_is_401(make_session, open_s
     assert_error(stream, 401, "unauthorized")
 
 
-async def test_stream_of_closed_session_for_logged_in_non_owner_is_403(
+async def test_stream_of_closed_session_for_logged_in_non_owner_is_404(
     make_session, make_user, open_stream
 ):
     # EB-12 before EB-15: a non-owner learns nothing, not even that the session closed
@@ -369,7 +372,7 @@ async def test_stream_of_closed_session_for_logged_in_non_owner_is_403(
     sid = await make_session(owner=owner, status="closed")
     headers = {"cookie": await login_cookie(stranger)}
     stream = await (await open_stream(f"/session/{sid}/events", headers)).read_to_end()
-    assert_error(stream, 403, "forbidden")
+    assert_error(stream, 404, "not_found")
 
 
 async def test_checks_run_in_order_auth_then_max_queued_then_lookup(stream_of, open_stream):
