@@ -44,6 +44,7 @@ from sessions.backends import get_backend
 from sessions.backends.base import BackendUnavailableError, SessionClosedError
 from sessions.bus import BusStats
 from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
+from sessions.revocation import revoke_session_tokens, revoke_user_tokens
 from sessions.runtime import ServerLoopUnavailableError
 
 __all__ = [
@@ -212,7 +213,7 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("id", "title", "owner__username")
     list_select_related = ("owner",)
     ordering = ("-created_at",)
-    actions = ("close_sessions", "disconnect_all_subscribers")
+    actions = ("close_sessions", "disconnect_all_subscribers", "revoke_session_tokens")
     inlines = (IncidentInline, ConnectionInline)
     fieldsets = (
         (None, {"fields": ("id", "title", "owner", "status", "created_at", "closed_at", "links")}),
@@ -428,6 +429,14 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if failed:
             self.message_user(request, f"Not done everywhere: {'; '.join(failed)}.", messages.ERROR)
 
+    @admin.action(description="Revoke the tokens of the selected sessions", permissions=["change"])
+    def revoke_session_tokens(self, request: HttpRequest, queryset: QuerySet[AgentSession]) -> None:
+        """Every token issued so far for the selected sessions answers 401 ``token_revoked``;
+        their open token streams end with ``stream_error`` in every process."""
+        revoked = sum(revoke_session_tokens(row.id) is not None for row in queryset)
+        logger.info("admin_tokens_revoked sessions=%d by=%s", revoked, request.user.get_username())
+        self.message_user(request, f"Revoked the tokens of {revoked} session(s).", messages.SUCCESS)
+
 
 def _run_action(coroutine: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
     """Run an action on the server loop; with several processes, adopt the request's loop
@@ -530,3 +539,37 @@ admin.site.site_header = "qwenweb operators"
 admin.site.site_title = "qwenweb admin"
 admin.site.index_title = "Sessions, subscribers and evictions"
 admin.site.enable_nav_sidebar = False  # the session list needs the width for its numbers
+
+
+# -- users: revoke their API tokens -------------------------------------------------------
+
+
+def _register_user_admin() -> None:
+    """Re-register the ``User`` admin with the action *Revoke API tokens*."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.admin import UserAdmin
+
+    user_model = get_user_model()
+    base = admin.site._registry.get(user_model)
+    base_class: type[Any] = type(base) if base is not None else UserAdmin
+
+    @admin.action(description="Revoke the API tokens of the selected users")
+    def revoke_user_api_tokens(model_admin: Any, request: HttpRequest, queryset: Any) -> None:
+        """Every token issued so far to the selected users answers 401 ``token_revoked``."""
+        count = 0
+        for user in queryset:
+            revoke_user_tokens(user.pk)
+            count += 1
+        logger.info("admin_tokens_revoked users=%d by=%s", count, request.user.get_username())
+        model_admin.message_user(
+            request, f"Revoked the API tokens of {count} user(s).", messages.SUCCESS
+        )
+
+    actions = (*(getattr(base_class, "actions", None) or ()), revoke_user_api_tokens)
+    revoking = type("RevokingUserAdmin", (base_class,), {"actions": actions})
+    if base is not None:
+        admin.site.unregister(user_model)
+    admin.site.register(user_model, revoking)
+
+
+_register_user_admin()

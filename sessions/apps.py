@@ -2,7 +2,8 @@
 
 ``ready()`` wires the operator side to what the inner layers announce: the records
 writer, the dashboard feed and the lifecycle listen to :data:`sessions.hooks.hooks`, and
-the feed hears of new sessions through ``post_save``. Nothing in the bus, wire format,
+the feed hears of new sessions through ``post_save``, and deactivating or deleting a user
+revokes their tokens (:mod:`sessions.revocation`). Nothing in the bus, wire format,
 backends, runtime or transport imports them.
 """
 
@@ -20,7 +21,10 @@ class SessionsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_save
 
-        from sessions import checks  # noqa: F401  (registers the system checks)
+        from sessions import (
+            checks,  # noqa: F401  (registers the system checks)
+            revocation,
+        )
         from sessions.hooks import hooks
         from sessions.models import AgentSession
         from sessions.ops import dashboard, lifecycle
@@ -33,3 +37,4 @@ class SessionsConfig(AppConfig):
         post_save.connect(
             dashboard.session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created"
         )
+        revocation.connect_signals()

@@ -1,10 +1,14 @@
 """Bearer tokens for the session API, signed with ``django.core.signing``.
 
-A token is ``signing.dumps({"sid": <session id>, "scp": [<scope>, ...], "sub": <subject>},
+A token is ``signing.dumps({"sid": <session id>, "scp": [<scope>, ...], "sub": <subject>,
+"uid": <user id>, "uv": <user token version>, "sv": <session token version>},
 salt=TOKEN_SALT)``: salted, timestamped, and checked with ``max_age`` (the
 ``TOKEN_LIFETIME_S`` setting) on every use. Scopes: ``read`` (stream and load a session),
 ``publish`` (publish into and close it) and ``create`` (create sessions; its ``sid`` is
-``"*"``). Rules: EB-12 and docs/protocol.md, "Endpoints".
+``"*"``). ``uid``/``uv``/``sv`` are optional: a token issued before revocation existed has
+none and keeps working until it expires; a token is *revoked* when its versions are
+older than the database's (:mod:`sessions.token_versions`). Rules: EB-12 and
+docs/protocol.md, "Endpoints" and "Revocation".
 
 The access policy lives here, once, for the stream route, the API views, the pages and
 the dashboard: :func:`authenticate` says who is calling (a bearer token, or an *active*
@@ -22,6 +26,7 @@ from typing import Any, Final
 
 from django.core import signing
 
+from sessions import token_versions
 from sessions.conf import get_config
 from sessions.errors import ApiError
 
@@ -36,7 +41,9 @@ __all__ = [
     "can_view",
     "check_access",
     "check_token_scope",
+    "ensure_current",
     "is_operator",
+    "issue_current_token",
     "issue_token",
     "parse_bearer",
     "verify_token",
@@ -52,13 +59,25 @@ class TokenError(Exception):
     """Raised when a bearer token is missing, malformed, forged or expired (a 401)."""
 
 
+TOKEN_REVOKED_MESSAGE: Final = "this token was revoked: ask for a new one"  # noqa: S105
+
+
 @dataclass(frozen=True, slots=True)
 class TokenClaims:
-    """What a verified token grants: one session (or ``"*"``), a set of scopes, a subject."""
+    """What a verified token grants: one session (or ``"*"``), a set of scopes, a subject.
+
+    ``user_id``, ``user_version``, ``session_version``: the ``uid``, ``uv``, ``sv`` claims
+    (None in a token issued before they existed). ``expires_at``: when it stops being
+    valid (epoch seconds: its signing time plus the lifetime it was verified with).
+    """
 
     session_id: str
     scopes: frozenset[str]
     subject: str
+    user_id: int | None = None
+    user_version: int | None = None
+    session_version: int | None = None
+    expires_at: float | None = None
 
     def grants(self, session_id: str, scope: str) -> bool:
         """Return whether this token allows ``scope`` on ``session_id``. Never raises."""
@@ -66,9 +85,19 @@ class TokenClaims:
 
 
 def issue_token(
-    session_id: str, scopes: Iterable[str], subject: str = "", *, salt: str = TOKEN_SALT
+    session_id: str,
+    scopes: Iterable[str],
+    subject: str = "",
+    *,
+    user_id: int | None = None,
+    user_version: int | None = None,
+    session_version: int | None = None,
+    salt: str = TOKEN_SALT,
 ) -> str:
     """Return a signed token for ``session_id`` (``"*"`` with the ``create`` scope).
+
+    ``user_id``/``user_version``/``session_version`` become the ``uid``/``uv``/``sv``
+    claims when given (:func:`issue_current_token` reads them from the database).
 
     Raises:
         ValueError: an unknown scope, or no scope at all.
@@ -77,7 +106,31 @@ def issue_token(
     unknown = set(scope_list) - SCOPES
     if not scope_list or unknown:
         raise ValueError(f"scopes must be a non-empty subset of {sorted(SCOPES)}; got {scope_list}")
-    return signing.dumps({"sid": session_id, "scp": scope_list, "sub": subject}, salt=salt)
+    payload: dict[str, Any] = {"sid": session_id, "scp": scope_list, "sub": subject}
+    for name, value in (("uid", user_id), ("uv", user_version), ("sv", session_version)):
+        if value is not None:
+            payload[name] = value
+    return signing.dumps(payload, salt=salt)
+
+
+def issue_current_token(
+    session_id: str, scopes: Iterable[str], subject: str = "", *, user_id: int | None = None
+) -> str:
+    """Return a token carrying the current token versions of ``user_id`` and the session.
+
+    Synchronous: two small queries (run it in a worker thread from async code). A
+    ``create`` token (``session_id == "*"``) carries no session version.
+    """
+    session = None if session_id == ANY_SESSION else session_id
+    user_version, session_version = token_versions.versions_for_new_token_sync(user_id, session)
+    return issue_token(
+        session_id,
+        scopes,
+        subject,
+        user_id=user_id,
+        user_version=user_version if user_id is not None else None,
+        session_version=session_version if session is not None else None,
+    )
 
 
 def verify_token(token: str, *, max_age_s: int | None = None) -> TokenClaims:
@@ -96,6 +149,8 @@ def verify_token(token: str, *, max_age_s: int | None = None) -> TokenClaims:
     lifetime = get_config().token_lifetime_s if max_age_s is None else max_age_s
     try:
         payload = signing.loads(token, salt=TOKEN_SALT, max_age=lifetime)
+        # The signature covers the timestamp: it is the token's signing time.
+        signed_at = signing.b62_decode(token.rsplit(":", 2)[1])
     except signing.SignatureExpired:
         raise TokenError("token expired") from None
     except (signing.BadSignature, ValueError, UnicodeError):
@@ -103,14 +158,24 @@ def verify_token(token: str, *, max_age_s: int | None = None) -> TokenClaims:
     if not isinstance(payload, dict):
         raise TokenError("invalid token")
     sid, scopes, subject = payload.get("sid"), payload.get("scp"), payload.get("sub", "")
+    versions = [payload.get(name) for name in ("uid", "uv", "sv")]
     if (
         not isinstance(sid, str)
         or not isinstance(scopes, list)
         or not all(isinstance(s, str) for s in scopes)
         or not isinstance(subject, str)
+        or not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in versions)
     ):
         raise TokenError("invalid token")
-    return TokenClaims(session_id=sid, scopes=frozenset(scopes) & SCOPES, subject=subject)
+    return TokenClaims(
+        session_id=sid,
+        scopes=frozenset(scopes) & SCOPES,
+        subject=subject,
+        user_id=versions[0],
+        user_version=versions[1],
+        session_version=versions[2],
+        expires_at=float(signed_at + lifetime),
+    )
 
 
 def parse_bearer(header: str | bytes | None) -> str:
@@ -178,21 +243,31 @@ def can_view(user: Any, owner_id: int | None) -> bool:
 
 
 async def authenticate(
-    authorization: str | bytes | None, load_user: Callable[[], Awaitable[Any]]
+    authorization: str | bytes | None,
+    load_user: Callable[[], Awaitable[Any]],
+    *,
+    check_versions: bool = True,
 ) -> Principal:
     """Return who is calling (EB-12): the bearer token of ``authorization`` when given,
     else the logged-in user that ``load_user()`` returns (None or anonymous: nobody).
 
+    ``check_versions`` False leaves the revocation check to the caller
+    (:func:`ensure_current`): the stream answers a closed session's 204 whatever the
+    token's version.
+
     Raises:
         ApiError: 401 ``unauthorized`` for a bad or expired token, or for nobody (an
-            inactive user counts as nobody).
+            inactive user counts as nobody); 401 ``token_revoked`` for a revoked token.
     """
     if authorization is not None:
         try:
             claims = verify_token(parse_bearer(authorization))
         except TokenError as exc:
             raise ApiError(401, "unauthorized", str(exc)) from None
-        return Principal(claims, None, False, claims.subject)
+        principal = Principal(claims, None, False, claims.subject)
+        if check_versions:
+            await ensure_current(principal)
+        return principal
     user = await load_user()
     if (
         user is None
@@ -201,6 +276,35 @@ async def authenticate(
     ):
         raise ApiError(401, "unauthorized", AUTHENTICATION_REQUIRED)
     return Principal(None, user.pk, bool(user.is_staff), user.get_username())
+
+
+async def ensure_current(principal: Principal) -> None:
+    """Raise unless the principal's token is still current (not revoked); nothing for a
+    logged-in user (their check is :func:`authenticate`'s, on every request).
+
+    Reads the versions through the cache of :mod:`sessions.token_versions` (at most 1 s
+    old; one or two queries on a miss).
+
+    Raises:
+        ApiError: 401 ``token_revoked`` (the user is gone or inactive, or a version is
+            older than the database's).
+        django.db.DatabaseError: the database failed.
+    """
+    claims = principal.claims
+    if claims is None:
+        return
+    session = None if claims.session_id == ANY_SESSION else claims.session_id
+    user, session_version = await token_versions.current_versions(claims.user_id, session)
+    if token_versions.is_stale(
+        user_id=claims.user_id,
+        user_version=claims.user_version,
+        session_version=claims.session_version,
+        user=user,
+        session_token_version=session_version,
+    ):
+        raise ApiError(
+            401, "token_revoked", TOKEN_REVOKED_MESSAGE, log_extra=f" uid={claims.user_id}"
+        )
 
 
 def check_token_scope(principal: Principal, session_id: str, scope: str) -> None:

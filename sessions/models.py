@@ -54,6 +54,11 @@ class AgentSession(models.Model):
     bus_starts = models.PositiveIntegerField(
         default=0, help_text="How many times a server process built this session's bus."
     )
+    token_version = models.PositiveIntegerField(
+        default=0,
+        help_text="Tokens of this session issued with a lower version are revoked "
+        "(manage.py revoke_tokens --session).",
+    )
 
     class Meta:
         ordering = ("-created_at",)
@@ -66,6 +71,29 @@ class AgentSession(models.Model):
     def is_closed(self) -> bool:
         """Whether the session is closed (its stream answers 204, EB-15)."""
         return self.status == self.Status.CLOSED
+
+
+class UserTokenVersion(models.Model):
+    """A user's token version: every token carrying the user's id and a lower ``version``
+    is revoked (deactivation, deletion, ``manage.py revoke_tokens --user``, the admin).
+
+    No row means version 0. Written by :mod:`sessions.revocation`, read (cached for at
+    most a second) by :mod:`sessions.token_versions` when a token is verified.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        primary_key=True,
+        on_delete=models.CASCADE,
+        related_name="qwenweb_token_version",
+    )
+    version = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "user token version"
+
+    def __str__(self) -> str:
+        return f"user {self.user_id}: tokens version {self.version}"
 
 
 def normalize_session_id(raw: str) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
+from sessions import token_versions
 from sessions.backends import backends
 from sessions.conf import get_config
 from sessions.hooks import hooks
@@ -39,6 +40,7 @@ def _fresh_backend() -> Iterator[None]:
 
 
 def _forget_operator_state() -> None:
+    token_versions.clear_cache()  # user ids are reused across tests' databases
     recorder.discard()
     feed.stop()
     hooks.shutting_down = False

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import orjson
 from channels.db import database_sync_to_async
 
+from sessions import token_versions
 from sessions.backends import rows
 from sessions.backends.errors import (
     BackendUnavailableError,
@@ -47,7 +48,8 @@ from sessions.backends.idempotency import (
     IdempotencyKeyReusedError,
     IdempotencyStore,
 )
-from sessions.bus import BusStats, EventBus, Registry, Subscription
+from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
+from sessions.bus import BusStats, EventBus, Frame, Registry, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.runtime import ServerLoop
@@ -61,6 +63,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "LiveSession",
     "Published",
+    "Revocation",
     "SessionClosedError",
     "SessionNotFoundError",
     "snapshot_json",
@@ -220,6 +223,7 @@ class Backend(ABC):
         self.registry: Registry[LiveSession] = Registry()
         self.loop = ServerLoop(hooks)
         self._background: set[asyncio.Task[Any]] = set()
+        self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
 
     @property
     def process_id(self) -> str:
@@ -319,6 +323,8 @@ class Backend(ABC):
             last_event_id=last_event_id, max_queued=max_queued, epoch=epoch, label=label
         )
         subscription.details = details
+        if details and details.get("auth"):
+            self.revocation_sweep.wake()
         return live, subscription
 
     async def caught_up(self, live: LiveSession) -> LiveSession:
@@ -524,6 +530,60 @@ class Backend(ABC):
         """Whether this backend can serve now (a shared store answers, its reader runs)."""
         return Health(True)
 
+    # -- revocation (docs/protocol.md, "Revocation") ------------------------------------
+
+    def _all_subscriptions(self) -> list[tuple[str, Subscription]]:
+        return [
+            (live.session_id, subscription)
+            for live in self.registry.values()
+            for subscription in live.bus.subscriptions()
+        ]
+
+    def _end_subscription(
+        self, session_id: str, subscription: Subscription, reason: str, frame: Frame
+    ) -> bool:
+        live = self.registry.get(session_id)
+        return live is not None and live.bus.disconnect(subscription, reason, frame=frame)
+
+    def revoke_local(self, revocation: Revocation) -> int:
+        """End this process's subscriptions that ``revocation`` makes invalid, each with a
+        ``stream_error`` (code ``token_revoked``), and drop the cached versions it touches;
+        return how many ended. On the loop; never raises, never awaits."""
+        token_versions.invalidate(user_id=revocation.user_id, session_id=revocation.session_id)
+        ended = 0
+        for session_id, subscription in self._all_subscriptions():
+            if revocation.ends(session_id, subscription.details):
+                ended += self._end_subscription(
+                    session_id, subscription, "token_revoked", revoked_frame()
+                )
+        if ended:
+            logger.info("streams_ended reason=token_revoked count=%d", ended)
+        return ended
+
+    async def revoke(self, revocation: Revocation) -> int:
+        """:meth:`revoke_local` here and, for a multi-process backend, in every process
+        (relayed; the others send no count back). Returns the count here. Never raises:
+        a relay that fails is logged, and the other processes' sweeps still catch it
+        within about a second."""
+        return self.revoke_local(revocation)
+
+    def revoke_blocking(self, revocation: Revocation) -> None:
+        """:meth:`revoke` from synchronous code on any thread; never waits, never raises.
+
+        On the server loop when this process has one; otherwise only a multi-process
+        backend can tell the servers (:meth:`relay_revocation_blocking`): with the
+        memory backend the server's sweep sees the new versions in the database.
+        """
+        loop = self.loop.get()
+        if loop is not None:
+            self.loop.call_soon(lambda: self.spawn(self.revoke(revocation)))
+            return
+        self.relay_revocation_blocking(revocation)
+
+    def relay_revocation_blocking(self, revocation: Revocation) -> None:  # noqa: B027
+        """Tell every server process of ``revocation`` without a server loop here (a
+        management command); nothing for a single-process backend. Never raises."""
+
     # -- shutdown ---------------------------------------------------------------------
 
     async def flush_all(self) -> None:
@@ -533,8 +593,9 @@ class Backend(ABC):
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    async def aclose(self) -> None:  # noqa: B027 - optional: most backends hold nothing
+    async def aclose(self) -> None:
         """Release what the backend holds (connections, tasks). Idempotent; never raises."""
+        self.revocation_sweep.stop()
 
     def forget(self) -> None:
         """Drop every loaded session without ending anything (tests: a new process)."""

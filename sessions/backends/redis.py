@@ -178,6 +178,7 @@ class RedisBackend(RedisControlled):
 
     async def aclose(self) -> None:
         """Stop the Redis reader and close its connections (shutdown, tests). Never raises."""
+        await super().aclose()
         store, self._store = self._store, None
         if store is not None and not store.loop.is_closed():
             try:

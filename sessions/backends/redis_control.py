@@ -20,8 +20,9 @@ from typing import Any
 
 from sessions.backends.base import Backend, Disconnected, LiveSession
 from sessions.backends.errors import BackendUnavailableError
-from sessions.backends.redis_store import RedisStore, read_reports_blocking
+from sessions.backends.redis_store import RedisStore, read_reports_blocking, send_control_blocking
 from sessions.backends.reports import make_report, merge_reports
+from sessions.backends.revocation import Revocation
 from sessions.bus import BusStats
 
 __all__ = ["RedisControlled"]
@@ -43,9 +44,17 @@ class RedisControlled(Backend):
 
         ``disconnect``: end the session's subscribers here (all, or the one named by
         ``subscriber``). ``activity``: dashboard activity items that happened there; they
-        are announced to this process's listeners only, never relayed on.
+        are announced to this process's listeners only, never relayed on. ``revoke``:
+        a :class:`Revocation` made there (:meth:`Backend.revoke_local` here).
         """
         op = message.get("op")
+        if op == "revoke":
+            revocation = Revocation.from_message(message)
+            if revocation is None:
+                logger.warning("control_message_ignored reason=bad_revocation")
+            else:
+                self.revoke_local(revocation)
+            return
         if op == "disconnect":
             session_id = str(message.get("session"))
             reason = str(message.get("reason") or "operator")
@@ -146,3 +155,25 @@ class RedisControlled(Backend):
         if not store.available:
             raise BackendUnavailableError("Redis is unavailable (this process's reader lost it)")
         await store.send_control({"op": "activity", "items": list(items)})
+
+    # -- revocation --------------------------------------------------------------------
+
+    async def revoke(self, revocation: Revocation) -> int:
+        """Here, then one ``{"op": "revoke", ...}`` control message to every other process."""
+        here = self.revoke_local(revocation)
+        try:
+            await self.store().send_control(revocation.message())
+        except BackendUnavailableError as exc:
+            logger.error("revocation_not_relayed error=%s (the sweeps still see it)", exc)
+        return here
+
+    def relay_revocation_blocking(self, revocation: Revocation) -> None:
+        config = self.config
+        try:
+            told = send_control_blocking(
+                config.redis_url, config.redis_key_prefix, revocation.message(), timeout_s=2.0
+            )
+        except BackendUnavailableError as exc:
+            logger.error("revocation_not_relayed error=%s (the sweeps still see it)", exc)
+            return
+        logger.info("revocation_relayed processes=%d", told)

@@ -70,6 +70,7 @@ __all__ = [
     "SessionHead",
     "SessionWindow",
     "read_reports_blocking",
+    "send_control_blocking",
 ]
 
 logger = logging.getLogger("qwenweb.redis")
@@ -617,6 +618,28 @@ def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[di
         with contextlib.suppress(Exception):
             client.close()  # and its pool's one connection
     return [orjson.loads(item) for item in raw if item is not None]
+
+
+def send_control_blocking(
+    url: str, prefix: str, message: Mapping[str, Any], *, timeout_s: float
+) -> int:
+    """Publish one control message with a short-lived synchronous client; return how many
+    processes received it. For a process without a store's loop (a management command):
+    the ``from`` of the message is a fresh id, so every server process acts on it.
+
+    Raises:
+        BackendUnavailableError: Redis unreachable, or too slow to answer.
+    """
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+    payload = orjson.dumps({**message, "from": secrets.token_hex(8)})
+    try:
+        with _unavailable_as_error():
+            return int(client.publish(f"{prefix}:control", payload))
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def _report_keys(prefix: str, uids: Any) -> list[str]:

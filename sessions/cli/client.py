@@ -130,6 +130,21 @@ def _retry_after_s(raw: str | None) -> float:
         return 1.0
 
 
+_TOKEN_CODES: Final = ("token_revoked", "token_expired")
+
+
+class _RetryNow(Exception):
+    """Raised inside the client: reconnect at once (a fresh token after a 401)."""
+
+
+def _error_code(data: str) -> str:
+    try:
+        code = json.loads(data).get("data", {}).get("code", "")
+    except (ValueError, AttributeError):
+        return ""
+    return code if isinstance(code, str) else ""
+
+
 class StreamEnd(Exception):
     """Raised inside the client to stop for good (204, 4xx); ``code`` is the exit status."""
 
@@ -146,6 +161,11 @@ class EventStreamClient:
     lines (connected, reconnecting in N ms, ended). :meth:`run` returns an exit status:
     0 after a 204 (session ended), ``max_events``, or ``max_connections`` of which one
     opened; 1 on a 4xx other than 401 or when no connection ever opened; 2 on 401.
+
+    ``refresh_token`` (e.g. re-reading a token file) is asked for a new token on a 401
+    and after a ``stream_error`` with code ``token_revoked`` or ``token_expired``; the
+    client retries at once with it (SC-10: a token that was rejected is never sent again,
+    so a refresh that returns it stops with 2). Without it a 401 stops with 2.
     """
 
     url: str
@@ -156,6 +176,7 @@ class EventStreamClient:
     max_events: int | None = None
     max_connections: int | None = None
     read_timeout_s: float = 60.0
+    refresh_token: Callable[[], str] | None = None
 
     def __post_init__(self) -> None:
         self.retry_ms = DEFAULT_RETRY_MS
@@ -164,6 +185,7 @@ class EventStreamClient:
         self.opened = 0
         self.events_seen = 0
         self._failures = 0
+        self._rejected: set[str] = set()
 
     def run(self) -> int:
         """Stream until the session ends, a fatal status, or a limit is reached."""
@@ -173,6 +195,8 @@ class EventStreamClient:
                 try:
                     self._connect_once()
                     self._failures = 0
+                except _RetryNow:  # a 401 and a fresh token at hand (SC-10): at once
+                    continue
                 except (OSError, http.client.HTTPException) as exc:
                     self._failures += 1
                     self.on_status(f"connection failed: {exc}")
@@ -229,6 +253,23 @@ class EventStreamClient:
             if parser is not None:  # an id-only block moves the cursor too (SC-6)
                 self.last_event_id = parser.last_event_id
 
+    def _renew_token(self, why: str) -> bool:
+        """Take a fresh token from ``refresh_token``; False if there is none to take."""
+        self._rejected.add(self.token)
+        if self.refresh_token is None:
+            return False
+        try:
+            token = self.refresh_token().strip()
+        except OSError as exc:
+            self.on_status(f"could not refresh the token: {exc}")
+            return False
+        if not token or token in self._rejected:
+            self.on_status(f"{why}: no new token to retry with")
+            return False
+        self.token = token
+        self.on_status(f"{why}: retrying with a fresh token")
+        return True
+
     def _check_status(self, response: http.client.HTTPResponse) -> None:
         if response.status == 204:
             raise StreamEnd("session ended (204)", 0)
@@ -237,6 +278,8 @@ class EventStreamClient:
             return
         body = response.read()
         if response.status == 401:
+            if self._renew_token("401"):
+                raise _RetryNow
             raise StreamEnd(str(ApiCallError(401, body)), 2)
         if 400 <= response.status < 500:
             raise StreamEnd(str(ApiCallError(response.status, body)), 1)
@@ -252,5 +295,7 @@ class EventStreamClient:
         self.on_event(event)
         if event.type in ("client_evicted", "stream_error"):
             self.on_status(f"{event.type}: the server ended this connection")
+            if event.type == "stream_error" and _error_code(event.data) in _TOKEN_CODES:
+                self._renew_token(_error_code(event.data))
         if self.max_events is not None and self.events_seen >= self.max_events:
             raise StreamEnd(f"stopped after {self.events_seen} events", 0)

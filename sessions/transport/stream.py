@@ -23,7 +23,9 @@ What it announces
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -36,7 +38,13 @@ from django.conf import settings
 from django.http.cookie import parse_cookie
 from django.http.request import split_domain_port, validate_host
 
-from sessions.auth import Principal, authenticate, check_access, check_token_scope
+from sessions.auth import (
+    Principal,
+    authenticate,
+    check_access,
+    check_token_scope,
+    ensure_current,
+)
 from sessions.backends import get_backend
 from sessions.backends.base import (
     Backend,
@@ -45,6 +53,7 @@ from sessions.backends.base import (
     SessionClosedError,
     SessionNotFoundError,
 )
+from sessions.backends.revocation import expired_frame, stream_details
 from sessions.bus import (
     DEFAULT_MAX_QUEUED,
     MAX_QUEUED_MAX,
@@ -174,6 +183,7 @@ class SessionEventStream:
                     "user": info.subject,
                     "clientId": info.client_id,
                     "address": info.client_addr,
+                    **_credential_details(admission.principal),
                 },
             )
         except SubscriberLimitExceededError as exc:
@@ -186,6 +196,7 @@ class SessionEventStream:
             await self._reject(send, scope, session_id, backend_unavailable(exc))
             return
         observer: ConnectionObserver | None = None
+        expiry = _end_at_expiry(live, subscription, admission.principal)
         try:
             await send(
                 {
@@ -214,6 +225,8 @@ class SessionEventStream:
             raise
         finally:
             subscription.abort()
+            if expiry is not None:
+                expiry.cancel()
 
     async def _admit(
         self, backend: Backend, scope: Scope, raw_session_id: str, headers: dict[bytes, bytes]
@@ -225,8 +238,8 @@ class SessionEventStream:
         if not _host_allowed(scope, headers):  # what Django's get_host() does for its views
             raise ApiError(400, "disallowed_host", "the Host header is not in ALLOWED_HOSTS")
         session_id = normalize_session_id(raw_session_id)
-        principal = await authenticate(  # EB-12
-            headers.get(b"authorization"), lambda: _login_user(headers)
+        principal = await authenticate(  # EB-12; revocation is checked after the lookup
+            headers.get(b"authorization"), lambda: _login_user(headers), check_versions=False
         )
         check_token_scope(principal, session_id or "", "read")
         last_event_id, epoch = _cursor(headers, raw_session_id)  # EB-13
@@ -243,6 +256,8 @@ class SessionEventStream:
             check_access(principal, session_id, closed.owner_id, "read")  # EB-12 before EB-15
             raise
         check_access(principal, session_id, live.owner_id, "read")
+        # A closed session answered 204 above whatever the token's version: the client stops.
+        await ensure_current(principal)
         return _Admission(live, last_event_id, epoch, max_queued, principal)
 
     async def _serve(
@@ -460,6 +475,38 @@ def _parse_max_queued(query_string: bytes) -> int:
         f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
         log_extra=f" value={sanitize_for_log(','.join(values))!r}",
     )
+
+
+def _credential_details(principal: Principal) -> dict[str, Any]:
+    """What revocation needs to know about a subscriber (``Backend.revoke``, the sweep)."""
+    claims = principal.claims
+    if claims is None:
+        return stream_details(
+            auth="login", user_id=principal.user_id, user_version=None, session_version=None
+        )
+    return stream_details(
+        auth="token",
+        user_id=claims.user_id,
+        user_version=claims.user_version,
+        session_version=claims.session_version,
+    )
+
+
+def _end_at_expiry(
+    live: LiveSession, subscription: Subscription, principal: Principal
+) -> asyncio.TimerHandle | None:
+    """End the subscription with ``stream_error`` (``token_expired``) when its token expires.
+
+    The client then asks for a fresh token and resumes with its cursor. None for a login
+    session (no expiry). Never raises.
+    """
+    claims = principal.claims
+    if claims is None or claims.expires_at is None:
+        return None
+    end = functools.partial(
+        live.bus.disconnect, subscription, "token_expired", frame=expired_frame()
+    )
+    return asyncio.get_running_loop().call_later(max(0.0, claims.expires_at - time.time()), end)
 
 
 def _connection_info(

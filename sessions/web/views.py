@@ -24,7 +24,7 @@ from sessions.auth import (
     authenticate,
     check_access,
     check_token_scope,
-    issue_token,
+    issue_current_token,
 )
 from sessions.backends import get_backend
 from sessions.backends.base import (
@@ -149,7 +149,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
             f"ringSize must be an integer in [1, {MAX_EVENT_RING_SIZE}]",
             field="ringSize",
         )
-    row = await _create_row(title, ring_size, principal)
+    row, tokens = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
     logger.info("session_created session=%s by=%s", row.id, sanitize_for_log(principal.name))
     return JsonResponse(
         {
@@ -157,32 +157,40 @@ async def create_session(request: HttpRequest) -> HttpResponse:
             "title": row.title,
             "status": row.status,
             "urls": session_urls(request, row.id),
-            "tokens": {
-                "read": issue_token(row.id, ["read"], principal.name),
-                "publish": issue_token(row.id, ["publish"], principal.name),
-            },
+            "tokens": tokens,
         },
         status=201,
     )
 
 
-async def _create_row(title: str, ring_size: int | None, principal: Principal) -> AgentSession:
-    row: AgentSession = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
-    return row
+def _create_row_sync(
+    title: str, ring_size: int | None, principal: Principal
+) -> tuple[AgentSession, dict[str, str]]:
+    """Create the row and its read and publish tokens (with the owner's id and versions).
 
-
-def _create_row_sync(title: str, ring_size: int | None, principal: Principal) -> AgentSession:
+    The owner: the logged-in user; for a token, the user whose id it carries (checked
+    current by ``authenticate``); for a token issued before ids were carried, the user
+    whose username is its subject, if any.
+    """
+    claims = principal.claims
     owner_id = principal.user_id
-    if owner_id is None and principal.claims is not None and principal.claims.subject:
-        from django.contrib.auth import get_user_model
+    if owner_id is None and claims is not None:
+        owner_id = claims.user_id
+        if owner_id is None and claims.subject:
+            from django.contrib.auth import get_user_model
 
-        owner_id = (
-            get_user_model()
-            .objects.filter(username=principal.claims.subject)
-            .values_list("pk", flat=True)
-            .first()
-        )
-    return AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
+            owner_id = (
+                get_user_model()
+                .objects.filter(username=claims.subject)
+                .values_list("pk", flat=True)
+                .first()
+            )
+    row = AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
+    tokens = {
+        scope: issue_current_token(row.id, [scope], principal.name, user_id=owner_id)
+        for scope in ("read", "publish")
+    }
+    return row, tokens
 
 
 async def _open_session(principal: Principal, session_id: str, scope: str) -> LiveSession:
@@ -368,9 +376,12 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         raise ApiError(404, "not_found", "unknown session")
     principal = Principal(None, user.pk, user.is_staff, user.get_username())
     check_access(principal, session_id, row.owner_id, scope)
+    token = await database_sync_to_async(issue_current_token)(
+        session_id, [scope], principal.name, user_id=user.pk
+    )
     return JsonResponse(
         {
-            "token": issue_token(session_id, [scope], principal.name),
+            "token": token,
             "scope": scope,
             "sessionId": session_id,
             "expiresInS": get_config().token_lifetime_s,

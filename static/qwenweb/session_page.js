@@ -8,7 +8,9 @@
  *
  * Flow
  *  1. A short-lived read token from `POST /session/<id>/token` (login session + CSRF
- *     header); on a 401 the stream asks again with reason "unauthorized" (SC-10).
+ *     header); on a 401, and after a `stream_error` with code `token_revoked` or
+ *     `token_expired`, the stream asks again with reason "unauthorized" (SC-10) and
+ *     resumes with its cursor.
  *  2. The snapshot `GET /session/<id>` is rendered, then the stream opens with the
  *     snapshot's `lastEventId` and `epoch` as its cursor (SC-9, EB-13, EB-17), so events
  *     published in between come as replay.

@@ -62,6 +62,9 @@ const MAX_REMEMBERED_REJECTED_TOKENS = 16;
  * @type {ReadonlySet<string>}
  */
 const TERMINAL_FRAME_TYPES = new Set(["client_evicted", "stream_error"]);
+/** `stream_error` codes that mean "this token no longer works": the next attempt asks
+ * `getToken` for a fresh one (reason "unauthorized") and never resends this one. */
+const TOKEN_ERROR_CODES = new Set(["token_revoked", "token_expired"]);
 
 /**
  * @typedef {object} ParsedEvent
@@ -400,7 +403,9 @@ export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting
  * The cursor moves only when a dispatched block carried an `id` (SC-9), and the epoch it
  * belongs to is the `X-Event-Epoch` of the response it arrived on (EB-13, EB-17).
  * `client_evicted` and `stream_error` end the connection: it is aborted and the stream
- * reconnects with the cursor after the reconnection time (SC-12).
+ * reconnects with the cursor after the reconnection time (SC-12). A `stream_error` with code
+ * `token_revoked` or `token_expired` also marks the token rejected: that reconnect asks for
+ * a fresh token (reason "unauthorized"), and a 401 to it stops.
  *
  * Callbacks never break the stream: an exception is passed to `onCallbackError`.
  */
@@ -481,6 +486,8 @@ export class SessionEventStream {
     this._attempt = null;
     /** @type {Set<string>} tokens a 401 rejected: never sent again */
     this._rejectedTokens = new Set();
+    /** set by a token_revoked / token_expired frame: the next attempt asks for a fresh token */
+    this._freshTokenNext = false;
     this._paused = false;
     this._resumeWaiters = [];
   }
@@ -636,7 +643,9 @@ export class SessionEventStream {
       this._timer = null;
       this._timerToken = null;
       this._currentDelayMs = null;
-      this._connect("reconnect", "reconnect");
+      const tokenReason = this._freshTokenNext ? "unauthorized" : "reconnect";
+      this._freshTokenNext = false;
+      this._connect(tokenReason, "reconnect");
     }, delayMs);
     const fullInfo = { ...info, reason, delayMs };
     this._setState("reconnecting", fullInfo);
@@ -651,7 +660,7 @@ export class SessionEventStream {
   }
 
   _connect(tokenReason, stateReason) {
-    const attempt = { controller: new AbortController(), reader: null, dead: false, epoch: null };
+    const attempt = { controller: new AbortController(), reader: null, dead: false, epoch: null, token: null };
     this._attempt = attempt;
     this._attempts += 1;
     this._setState("connecting", { reason: stateReason });
@@ -674,6 +683,7 @@ export class SessionEventStream {
       this._stop("stopped", { reason: "token_error", error: new TypeError("getToken returned no token") });
       return;
     }
+    attempt.token = token;
     if (this._rejectedTokens.has(token)) {
       this._stop("stopped", { reason: "unauthorized", detail: "token provider returned a rejected token" });
       return;
@@ -832,6 +842,11 @@ export class SessionEventStream {
     this._call("onEvent", frame);
     if (frame.type === "state_resync_required") this._call("onResyncRequired", frame);
     if (TERMINAL_FRAME_TYPES.has(frame.type) && this._attempt === attempt) {
+      const code = frame.json && typeof frame.json === "object" && frame.json.data ? frame.json.data.code : undefined;
+      if (frame.type === "stream_error" && TOKEN_ERROR_CODES.has(code)) {
+        if (attempt.token !== null) this._rememberRejected(attempt.token);
+        this._freshTokenNext = true;
+      }
       this._abortAttempt();
       this._scheduleReconnect(frame.type, { detail: frameDetail(frame) });
     }
@@ -844,6 +859,7 @@ export class SessionEventStream {
  * @property {ReadableStreamDefaultReader|null} reader
  * @property {boolean} dead  Set once the attempt is over; stale continuations check it.
  * @property {string|null} epoch  `X-Event-Epoch` of this attempt's response.
+ * @property {string|null} token  The bearer token this attempt sent.
  */
 
 function tryParseJson(data) {

@@ -555,6 +555,38 @@ describe("SC-12 frames with meaning for the client", () => {
     h.stream.close();
   });
 
+  for (const code of ["token_revoked", "token_expired"]) {
+    test(`stream_error ${code} reconnects with a fresh token and the cursor, never the old token`, T, async () => {
+      const h = harness();
+      h.server.stream();
+      h.server.stream();
+      h.stream.start();
+      const first = await openCall(h, 1);
+      first.body.push(frame(7, "note") + frame(null, "stream_error", { code }));
+      await h.waitState("reconnecting");
+      h.timers.fire();
+      const second = await openCall(h, 2);
+      assert.deepEqual(h.log.tokenReasons, ["connect", "unauthorized"]);
+      assert.equal(second.headers.get("authorization"), "Bearer t2");
+      assert.equal(second.headers.get("last-event-id"), "7");
+      h.stream.close();
+    });
+  }
+
+  test("another stream_error code reconnects with the same token", T, async () => {
+    const h = harness();
+    h.server.stream();
+    h.server.stream();
+    h.stream.start();
+    const first = await openCall(h, 1);
+    first.body.push(frame(null, "stream_error", { code: "server_disconnect" }));
+    await h.waitState("reconnecting");
+    h.timers.fire();
+    await openCall(h, 2);
+    assert.deepEqual(h.log.tokenReasons, ["connect", "reconnect"]);
+    h.stream.close();
+  });
+
   test("state_resync_required reaches onEvent and onResyncRequired; the stream goes on", T, async () => {
     const h = harness({ stream: { lastEventId: "9" } });
     h.server.stream();

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.auth import issue_token
+from sessions.auth import issue_current_token
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.models import AgentSession
 
@@ -33,13 +33,16 @@ class Command(BaseCommand):
             raise CommandError(f"--ring-size must be in [1, {MAX_EVENT_RING_SIZE:_}]")
         row = AgentSession.objects.create(title=options["title"], owner=owner, ring_size=ring_size)
         subject = owner.get_username() if owner else "cli"
+        owner_id = owner.pk if owner else None
         self.stdout.write(
             json.dumps(
                 {
                     "id": row.id,
                     "tokens": {
-                        "read": issue_token(row.id, ["read"], subject),
-                        "publish": issue_token(row.id, ["publish"], subject),
+                        "read": issue_current_token(row.id, ["read"], subject, user_id=owner_id),
+                        "publish": issue_current_token(
+                            row.id, ["publish"], subject, user_id=owner_id
+                        ),
                     },
                 }
             )

@@ -23,7 +23,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError, call_command
 from django.core.management.base import CommandParser
 
-from sessions.auth import issue_token
+from sessions.auth import issue_current_token
 from sessions.conf import get_config
 from sessions.models import AgentSession
 
@@ -49,8 +49,8 @@ class Command(BaseCommand):
         user = self._demo_user()
         session = AgentSession.objects.create(title="Demo agent session", owner=user)
         base = f"http://{options['addr']}:{options['port']}"
-        read = issue_token(session.id, ["read"], user.get_username())
-        publish = issue_token(session.id, ["publish"], user.get_username())
+        read = issue_current_token(session.id, ["read"], user.get_username(), user_id=user.pk)
+        publish = issue_current_token(session.id, ["publish"], user.get_username(), user_id=user.pk)
         lifetime_min = get_config().token_lifetime_s // 60
         events = f"{base}/session/{session.id}/events"
         bearer = f"'Authorization: Bearer {read}'"

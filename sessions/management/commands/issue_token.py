@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.auth import ANY_SESSION, SCOPES, issue_token
+from sessions.auth import ANY_SESSION, SCOPES, issue_current_token
 from sessions.models import AgentSession
 
 
@@ -43,4 +44,14 @@ class Command(BaseCommand):
                 raise CommandError(f"no session {session_id!r}")
             if not scopes or not scopes <= SCOPES - {"create"}:
                 raise CommandError("--scope takes read and/or publish, comma-separated")
-        self.stdout.write(issue_token(session_id, scopes, options["subject"]))
+        # A subject that names a user: the token carries the user's id and versions, so
+        # deactivating the user or `revoke_tokens --user` revokes it.
+        user_id = (
+            get_user_model()
+            .objects.filter(username=options["subject"])
+            .values_list("pk", flat=True)
+            .first()
+        )
+        self.stdout.write(
+            issue_current_token(session_id, scopes, options["subject"], user_id=user_id)
+        )

@@ -21,7 +21,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("session_id")
         parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
-        parser.add_argument("--token", required=True, help="a token with the read scope")
+        token = parser.add_mutually_exclusive_group(required=True)
+        token.add_argument("--token", help="a token with the read scope")
+        token.add_argument(
+            "--token-file",
+            help="a file holding a read token; re-read on 401 and after a stream_error "
+            "token_revoked / token_expired (refresh it from elsewhere to keep following)",
+        )
         parser.add_argument("--last-event-id", default="", help="resume after this id")
         parser.add_argument("--max-events", type=int, default=None, help="stop after N events")
         parser.add_argument(
@@ -40,9 +46,20 @@ class Command(BaseCommand):
         def status(line: str) -> None:
             self.stderr.write(f"# {line}")
 
+        token_file = options["token_file"]
+
+        def read_token_file() -> str:
+            with open(token_file, encoding="utf-8") as handle:
+                return handle.read().strip()
+
+        try:
+            token = options["token"] or read_token_file()
+        except OSError as exc:
+            raise CommandError(f"cannot read --token-file: {exc}") from None
         client = EventStreamClient(
             url,
-            options["token"],
+            token,
+            refresh_token=read_token_file if token_file else None,
             on_event=show,
             on_status=status,
             last_event_id=options["last_event_id"],

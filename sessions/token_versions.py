@@ -1,0 +1,204 @@
+"""Token versions: what makes a signed token revoked, read from the database with a cache.
+
+A token issued by this version of the server carries the user's id (``uid``), the user's
+token version (``uv``) and the session's token version (``sv``) (``sessions.auth``). It is
+*revoked* when its user no longer exists or is inactive, when the user's version
+(:class:`~sessions.models.UserTokenVersion`, 0 without a row) is above ``uv``, or when
+the session's ``token_version`` is above ``sv``. A token issued before (no ``uid``, no
+``sv``) counts as session version 0 and has no user to check: it works until it expires,
+or until its session's tokens are revoked (docs/protocol.md, "Revocation").
+
+Reads go through a per-process cache whose entries are at most ``VERSION_CACHE_S`` (1 s)
+old, so a revocation made in another process is seen within a second even when no
+message reaches this one; a revocation made here (:mod:`sessions.revocation`) and a
+message from another process (``Backend.revoke``) drop the entries at once.
+
+Concurrency: the cache is a dict touched from the event loop and from worker threads;
+each operation is one dict assignment or lookup (atomic under the GIL), and a stale read
+is bounded by the cache age. The ``*_sync`` functions run in a worker thread
+(``database_sync_to_async``), one or two queries each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import F
+
+from sessions.models import AgentSession, UserTokenVersion
+
+__all__ = [
+    "VERSION_CACHE_S",
+    "UserState",
+    "bump_session_version",
+    "bump_user_version",
+    "clear_cache",
+    "current_versions",
+    "invalidate",
+    "is_stale",
+    "read_sessions_sync",
+    "read_users_sync",
+    "remember",
+    "versions_for_new_token_sync",
+]
+
+VERSION_CACHE_S: Final = 1.0
+"""How old a cached version may be (seconds): the bound on a revocation's staleness."""
+_QUERY_CHUNK: Final = 500
+
+
+@dataclass(frozen=True, slots=True)
+class UserState:
+    """A user as token checks see it: ``active`` (False also when the user is gone) and
+    the token ``version``."""
+
+    active: bool
+    version: int
+
+
+_GONE: Final = UserState(False, 0)
+# ("u", user id) -> (read at, UserState); ("s", session id) -> (read at, version or None)
+_cache: dict[tuple[str, Any], tuple[float, Any]] = {}
+
+
+def clear_cache() -> None:
+    """Forget every cached version (tests; never needed in a server)."""
+    _cache.clear()
+
+
+def invalidate(*, user_id: int | None = None, session_id: str | None = None) -> None:
+    """Drop the cached entries of ``user_id`` and ``session_id`` (a revocation). Never raises."""
+    if user_id is not None:
+        _cache.pop(("u", user_id), None)
+    if session_id is not None:
+        _cache.pop(("s", session_id), None)
+
+
+def remember(users: dict[int, UserState], sessions: dict[str, int | None]) -> None:
+    """Cache freshly read versions (the backend's sweep reads them anyway)."""
+    now = time.monotonic()
+    for user_id, state in users.items():
+        _cache[("u", user_id)] = (now, state)
+    for session_id, version in sessions.items():
+        _cache[("s", session_id)] = (now, version)
+
+
+def read_users_sync(user_ids: Iterable[int]) -> dict[int, UserState]:
+    """``{user id: UserState}`` for every id (missing users: inactive, version 0)."""
+    wanted = sorted(set(user_ids))
+    found: dict[int, UserState] = dict.fromkeys(wanted, _GONE)
+    for start in range(0, len(wanted), _QUERY_CHUNK):
+        rows = (
+            get_user_model()
+            .objects.filter(pk__in=wanted[start : start + _QUERY_CHUNK])
+            .values_list("pk", "is_active", "qwenweb_token_version__version")
+        )
+        for pk, active, version in rows:
+            found[int(pk)] = UserState(bool(active), int(version or 0))
+    return found
+
+
+def read_sessions_sync(session_ids: Iterable[str]) -> dict[str, int | None]:
+    """``{session id: token_version}`` for every id (None: no such session)."""
+    wanted = sorted(set(session_ids))
+    found: dict[str, int | None] = dict.fromkeys(wanted)
+    for start in range(0, len(wanted), _QUERY_CHUNK):
+        rows = AgentSession.objects.filter(pk__in=wanted[start : start + _QUERY_CHUNK])
+        for pk, version in rows.values_list("pk", "token_version"):
+            found[str(pk)] = int(version)
+    return found
+
+
+def _fresh(key: tuple[str, Any], now: float) -> tuple[bool, Any]:
+    entry = _cache.get(key)
+    if entry is None or now - entry[0] > VERSION_CACHE_S:
+        return False, None
+    return True, entry[1]
+
+
+async def current_versions(
+    user_id: int | None, session_id: str | None
+) -> tuple[UserState | None, int | None]:
+    """Return ``(the user's state, the session's token version)`` at most 1 s old.
+
+    None for what was not asked (``user_id`` / ``session_id`` None) and for a session
+    that does not exist. At most one query per kind on a cache miss. Raises
+    ``django.db.DatabaseError`` when the database fails.
+    """
+    now = time.monotonic()
+    user: UserState | None = None
+    version: int | None = None
+    if user_id is not None:
+        hit, user = _fresh(("u", user_id), now)
+        if not hit:
+            user = (await database_sync_to_async(read_users_sync)([user_id]))[user_id]
+            _cache[("u", user_id)] = (time.monotonic(), user)
+    if session_id is not None:
+        hit, version = _fresh(("s", session_id), now)
+        if not hit:
+            version = (await database_sync_to_async(read_sessions_sync)([session_id]))[session_id]
+            _cache[("s", session_id)] = (time.monotonic(), version)
+    return user, version
+
+
+def is_stale(
+    *,
+    user_id: int | None,
+    user_version: int | None,
+    session_version: int | None,
+    user: UserState | None,
+    session_token_version: int | None,
+) -> bool:
+    """Whether a token (its ``uid``, ``uv``, ``sv``) is revoked by the current state.
+
+    ``user``: the state of ``user_id`` (None when the token names no user);
+    ``session_token_version``: the session's current version (None: not checked, or no
+    such session, whose 404 comes later). A token without ``sv`` counts as version 0.
+    Never raises.
+    """
+    if (
+        user_id is not None
+        and user is not None
+        and (not user.active or (user_version or 0) < user.version)
+    ):
+        return True
+    return session_token_version is not None and (session_version or 0) < session_token_version
+
+
+def bump_user_version(user_id: int) -> int:
+    """Raise the user's token version by one (in the caller's transaction); return it."""
+    with transaction.atomic():
+        UserTokenVersion.objects.get_or_create(user_id=user_id)
+        UserTokenVersion.objects.filter(pk=user_id).update(version=F("version") + 1)
+        return int(UserTokenVersion.objects.values_list("version", flat=True).get(pk=user_id))
+
+
+def bump_session_version(session_id: str) -> int | None:
+    """Raise the session's token version by one; return it (None: no such session)."""
+    with transaction.atomic():
+        updated = AgentSession.objects.filter(pk=session_id).update(
+            token_version=F("token_version") + 1
+        )
+        if not updated:
+            return None
+        return int(AgentSession.objects.values_list("token_version", flat=True).get(pk=session_id))
+
+
+def versions_for_new_token_sync(user_id: int | None, session_id: str | None) -> tuple[int, int]:
+    """``(user version, session version)`` to put in a token being issued now (uncached:
+    a token issued right after a revocation must carry the new version)."""
+    user_version = 0
+    if user_id is not None:
+        row = UserTokenVersion.objects.filter(pk=user_id).values_list("version", flat=True)
+        user_version = int(row.first() or 0)
+    session_version = 0
+    if session_id is not None:
+        row2 = AgentSession.objects.filter(pk=session_id).values_list("token_version", flat=True)
+        session_version = int(row2.first() or 0)
+    return user_version, session_version

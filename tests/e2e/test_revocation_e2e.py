@@ -1,0 +1,124 @@
+"""Revocation against a real server process (docs/protocol.md, "Revocation").
+
+The server (daphne, memory backend) and the management commands are separate processes
+sharing one SQLite file: nothing tells the server of a revocation made by a command, so
+what ends its streams is its own check of the versions (the per-request check, the sweep
+of open streams). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import REPO, ServerProcess, open_stream, request_json, server_env
+
+pytestmark = pytest.mark.e2e
+
+WITHIN_S = 2.0
+
+
+def _manage(database: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=server_env(database),
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def _owned_session(database: Path) -> tuple[str, str, dict[str, str]]:
+    """A new user and a session they own: ``(username, session id, tokens)``."""
+    name = f"owner-{secrets.token_hex(4)}"
+    code = f"from django.contrib.auth.models import User; User.objects.create_user({name!r})"
+    _manage(database, "shell", "-c", code)
+    created = json.loads(_manage(database, "create_session", "--owner", name))
+    return name, created["id"], created["tokens"]
+
+
+@pytest.mark.asyncio
+async def test_deactivating_the_owner_revokes_tokens_and_ends_the_open_stream(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    name, sid, tokens = _owned_session(e2e_database)
+    events_url = f"{daphne_server.base_url}/session/{sid}/events"
+    assert request_json("POST", events_url, {"type": "a"}, token=tokens["publish"])[0] == 200
+    stream = await open_stream(daphne_server.port, f"/session/{sid}/events", tokens["read"])
+    assert stream.status == 200
+    code = (
+        "from django.contrib.auth.models import User; "
+        f"u = User.objects.get(username={name!r}); u.is_active = False; u.save()"
+    )
+    _manage(e2e_database, "shell", "-c", code)
+    deactivated_at = time.monotonic()
+    try:
+        await stream.read_until(lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S)
+    finally:
+        stream.close()
+    ended_after_s = time.monotonic() - deactivated_at
+    error = json.loads(next(e.data for e in stream.events if e.type == "stream_error"))
+    assert error["data"]["code"] == "token_revoked"
+    status, body = request_json("POST", events_url, {"type": "b"}, token=tokens["publish"])
+    assert (status, body["code"]) == (401, "token_revoked")
+    assert ended_after_s < WITHIN_S
+    assert time.monotonic() - deactivated_at < WITHIN_S + 1  # the publish answered at once
+
+
+@pytest.mark.asyncio
+async def test_a_closed_sessions_stream_answers_204_to_a_token_issued_before_the_close(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    _, sid, tokens = _owned_session(e2e_database)
+    close_url = f"{daphne_server.base_url}/session/{sid}/close"
+    assert request_json("POST", close_url, None, token=tokens["publish"])[0] == 200
+    _manage(e2e_database, "revoke_tokens", "--session", sid)
+    stream = await open_stream(daphne_server.port, f"/session/{sid}/events", tokens["read"])
+    try:
+        await stream.read_to_end()
+    finally:
+        stream.close()
+    assert (stream.status, bytes(stream.body)) == (204, b"")
+
+
+def test_tail_session_rereads_its_token_file_when_the_token_is_revoked(
+    daphne_server: ServerProcess, e2e_database: Path, tmp_path: Path
+) -> None:
+    name, sid, tokens = _owned_session(e2e_database)
+    events_url = f"{daphne_server.base_url}/session/{sid}/events"
+    token_file = tmp_path / "read-token"
+    token_file.write_text(tokens["read"])
+    tail = subprocess.Popen(
+        [sys.executable, "manage.py", "tail_session", sid, "--url", daphne_server.base_url,
+         "--token-file", str(token_file), "--last-event-id", "0"],
+        cwd=REPO, env=server_env(e2e_database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert tail.stdout is not None
+        assert "replay_complete" in tail.stdout.readline()
+        _manage(e2e_database, "revoke_tokens", "--user", name)
+        fresh = _manage(e2e_database, "issue_token", sid, "--scope", "read", "--subject", name)
+        token_file.write_text(fresh.strip())
+        assert "token_revoked" in tail.stdout.readline()  # the old token's stream ended
+        old_publish = request_json("POST", events_url, {"type": "x"}, token=tokens["publish"])
+        assert old_publish[0] == 401
+        publish = _manage(
+            e2e_database, "issue_token", sid, "--scope", "publish", "--subject", name
+        ).strip()
+        assert request_json("POST", events_url, {"type": "after"}, token=publish)[0] == 200
+        assert "after" in tail.stdout.readline()  # resumed with the fresh token
+        close_url = f"{daphne_server.base_url}/session/{sid}/close"
+        assert request_json("POST", close_url, None, token=publish)[0] == 200
+        out, err = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait(timeout=10)
+    assert tail.returncode == 0, err
+    assert "session_closed" in out
+    assert "retrying with a fresh token" in err
