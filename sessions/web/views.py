@@ -274,7 +274,7 @@ def _published_response(published: Published) -> HttpResponse:
     return response
 
 
-@api_view("POST")
+@api_view("POST", served_elsewhere=("GET", "HEAD"))  # GET, HEAD: the stream route
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
