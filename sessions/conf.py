@@ -49,6 +49,7 @@ ENV_OVERRIDES: Final = {
     "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
+    "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -69,6 +70,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "RECORDS_RETENTION_DAYS": 30,
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
+    "CORS_ALLOWED_ORIGINS": (),
 }
 
 # key -> (kind, minimum, maximum)
@@ -93,6 +95,8 @@ _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://")
+# An origin as browsers send it: scheme, host, optional port; no path, no trailing slash.
+_ORIGIN: Final = re.compile(r"https?://(?:[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,9 @@ class QwenwebConfig:
     records_retention_days: int
     idempotency_ttl_s: int
     idempotency_max_keys: int
+    #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
+    #: same origin only.
+    cors_allowed_origins: tuple[str, ...]
 
 
 def _raw_values() -> dict[str, Any]:
@@ -147,6 +154,8 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         if isinstance(raw, str) and 1 <= len(raw) <= 64 and raw.isprintable() and " " not in raw:
             return raw, None
         return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
+    if key == "CORS_ALLOWED_ORIGINS":
+        return _coerce_origins(source, raw)
     kind, low, high = _RANGES[key]
     value: Any
     try:
@@ -163,6 +172,23 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
     if not low <= value <= high:
         return None, f"{source} must be in [{low:_}, {high:_}]; got {value!r}"
     return value, None
+
+
+def _coerce_origins(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``CORS_ALLOWED_ORIGINS``: a list of origins, or a comma-separated string (the env)."""
+    if isinstance(raw, str):
+        items: Any = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        return None, f"{source} must be a list of origins; got {raw!r}"
+    for item in items:
+        if not isinstance(item, str) or not _ORIGIN.fullmatch(item):
+            return None, (
+                f"{source} must hold origins like 'https://app.example.com' (lowercase scheme "
+                f"and host, optional port, no path, no '*'); got {item!r}"
+            )
+    return tuple(dict.fromkeys(items)), None
 
 
 def config_errors() -> list[str]:

@@ -62,6 +62,8 @@ from sessions.bus import (
     Subscription,
     synthetic_frame,
 )
+from sessions.conf import get_config
+from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
@@ -155,19 +157,26 @@ class SessionEventStream:
         return self._backend if self._backend is not None else get_backend()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+        if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        headers = _headers(scope)
+        if is_preflight(scope["method"], _text(headers.get(b"access-control-request-method"))):
+            await self._preflight(send, scope, headers)  # for GET here and POST (Django) alike
+            return
+        if scope["method"] not in ("GET", "HEAD"):
             await self.fallback(scope, receive, send)
             return
         session_id = scope["url_route"]["kwargs"]["session_id"]
-        headers = _headers(scope)
+        cors = _cors(scope, headers)
         backend = self.backend
         try:
             admission = await self._admit(backend, scope, session_id, headers)
         except ApiError as reject:
-            await self._reject(send, scope, session_id, reject)
+            await self._reject(send, scope, session_id, reject, cors)
             return
         except SessionClosedError:
-            await _no_content(send)
+            await _no_content(send, cors)
             return
         live = admission.live
         connection_id = uuid.uuid4()
@@ -187,13 +196,13 @@ class SessionEventStream:
                 },
             )
         except SubscriberLimitExceededError as exc:
-            await self._limit_reached(send, live, exc.limit)
+            await self._limit_reached(send, live, exc.limit, cors)
             return
         except SessionClosedError:
-            await _no_content(send)
+            await _no_content(send, cors)
             return
         except BackendUnavailableError as exc:
-            await self._reject(send, scope, session_id, backend_unavailable(exc))
+            await self._reject(send, scope, session_id, backend_unavailable(exc), cors)
             return
         observer: ConnectionObserver | None = None
         expiry = _end_at_expiry(live, subscription, admission.principal)
@@ -202,7 +211,11 @@ class SessionEventStream:
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [*_STREAM_HEADERS, (b"x-event-epoch", live.bus.epoch.encode())],
+                    "headers": [
+                        *_STREAM_HEADERS,
+                        (b"x-event-epoch", live.bus.epoch.encode()),
+                        *cors,
+                    ],
                 }
             )
             if scope["method"] == "HEAD":
@@ -339,7 +352,9 @@ class SessionEventStream:
             reason = _SERVER_SHUTDOWN
         return (reason, "") if reason is not None else None
 
-    async def _limit_reached(self, send: Send, live: LiveSession, limit: int) -> None:
+    async def _limit_reached(
+        self, send: Send, live: LiveSession, limit: int, cors: list[tuple[bytes, bytes]]
+    ) -> None:
         """EB-16: 200, ``Retry-After: 5``, ``retry: 5000``, one ``stream_error``, end."""
         logger.warning("subscriber_limit_exceeded session=%s limit=%d", live.session_id, limit)
         frame, _ = self.encoder.synthetic(
@@ -361,12 +376,20 @@ class SessionEventStream:
                     *_STREAM_HEADERS,
                     (b"x-event-epoch", live.bus.epoch.encode()),
                     (b"retry-after", str(LIMIT_RETRY_MS // 1000).encode()),
+                    *cors,
                 ],
             }
         )
         await send({"type": "http.response.body", "body": encode_retry(LIMIT_RETRY_MS) + frame})
 
-    async def _reject(self, send: Send, scope: Scope, session_id: str, reject: ApiError) -> None:
+    async def _reject(
+        self,
+        send: Send,
+        scope: Scope,
+        session_id: str,
+        reject: ApiError,
+        cors: list[tuple[bytes, bytes]],
+    ) -> None:
         logger.warning(
             "stream_rejected session=%s status=%d code=%s error=%s client=%s%s",
             sanitize_for_log(session_id),
@@ -380,15 +403,41 @@ class SessionEventStream:
             {
                 "type": "http.response.start",
                 "status": reject.status,
-                "headers": error_headers(reject.status),
+                "headers": [*error_headers(reject.status), *cors],
             }
         )
         await send({"type": "http.response.body", "body": reject.body()})
 
+    async def _preflight(self, send: Send, scope: Scope, headers: dict[bytes, bytes]) -> None:
+        """A CORS preflight of the events URL: 204, with the CORS headers for an allowed
+        origin (``GET``, ``HEAD`` here; ``POST``, publish, in Django)."""
+        cors = _cors(scope, headers, preflight_methods=("GET", "HEAD", "POST", "OPTIONS"))
+        await send({"type": "http.response.start", "status": 204, "headers": cors})
+        await send({"type": "http.response.body", "body": b""})
 
-async def _no_content(send: Send) -> None:
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.decode("latin-1") if raw is not None else None
+
+
+def _cors(
+    scope: Scope, headers: dict[bytes, bytes], *, preflight_methods: tuple[str, ...] | None = None
+) -> list[tuple[bytes, bytes]]:
+    """The CORS headers of this route's answer (:mod:`sessions.cors`: one policy)."""
+    host = _text(headers.get(b"host")) or ""
+    found = cors_headers(
+        _text(headers.get(b"origin")),
+        f"{scope.get('scheme') or 'http'}://{host}",
+        get_config().cors_allowed_origins,
+        path=sanitize_for_log(scope.get("path", ""), 120),
+        preflight_methods=preflight_methods,
+    )
+    return [(name.lower().encode(), value.encode("latin-1")) for name, value in found]
+
+
+async def _no_content(send: Send, cors: list[tuple[bytes, bytes]]) -> None:
     """A closed session's stream: 204, which ends an SSE client for good (EB-15)."""
-    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.start", "status": 204, "headers": cors})
     await send({"type": "http.response.body", "body": b""})
 
 

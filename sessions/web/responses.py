@@ -18,6 +18,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from sessions.backends.base import BackendUnavailableError
+from sessions.conf import get_config
+from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.wire import sanitize_for_log
 
@@ -76,13 +78,34 @@ def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[
     an ``ApiError`` raised inside becomes its JSON error and one log line; a database
     failure, or the event store out of reach, becomes a JSON 503 (never a 500 page).
     CSRF is checked by the views for login-session callers only (bearer tokens are not
-    ambient credentials), so Django's middleware is told to skip these views.
+    ambient credentials), so Django's middleware is told to skip these views. CORS
+    (:mod:`sessions.cors`): a preflight is answered here (204), and every answer to an
+    allowed origin carries the CORS headers.
     """
 
     def decorate(view: _View) -> _View:
         @csrf_exempt
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            method = request.method or ""
+            preflight = is_preflight(method, request.headers.get("Access-Control-Request-Method"))
+            response = (
+                HttpResponse(status=204) if preflight else await answer(request, *args, **kwargs)
+            )
+            allowed = (*served_elsewhere, *methods, "OPTIONS")
+            for name, value in cors_headers(
+                request.headers.get("Origin"),
+                _own_origin(request),
+                get_config().cors_allowed_origins,
+                path=sanitize_for_log(request.path, 120),
+                preflight_methods=allowed if preflight else None,
+            ):
+                if name == "Vary" and response.has_header("Vary"):
+                    value = f"{response['Vary']}, {value}"
+                response[name] = value
+            return response
+
+        async def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
                 allowed = (*served_elsewhere, *methods)
                 response = error_response(
@@ -114,3 +137,11 @@ def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[
         return wrapper
 
     return decorate
+
+
+def _own_origin(request: HttpRequest) -> str:
+    """``scheme://host`` of the request as it reached the server ("" if the host is bad)."""
+    try:
+        return f"{request.scheme}://{request.get_host()}"
+    except Exception:  # DisallowedHost: the view answers its own 400
+        return ""

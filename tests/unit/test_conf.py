@@ -99,3 +99,23 @@ def test_deploy_check_warns_when_redis_does_not_answer(
     call_command("check", "--deploy", "--fail-level", "ERROR")
     assert "qwenweb.W002" in capsys.readouterr().err
     get_config.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "raw", ["*", "https://app.example.com/", "app.example.com", "https://App.example.com"]
+)
+def test_bad_cors_origins_are_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("QWENWEB_CORS_ALLOWED_ORIGINS", raw)
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match="CORS_ALLOWED_ORIGINS"):
+        get_config()
+    get_config.cache_clear()
+
+
+def test_cors_origins_come_from_a_comma_separated_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QWENWEB_CORS_ALLOWED_ORIGINS", "https://a.example, http://127.0.0.1:3000")
+    get_config.cache_clear()
+    assert get_config().cors_allowed_origins == ("https://a.example", "http://127.0.0.1:3000")
+    get_config.cache_clear()
