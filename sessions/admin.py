@@ -10,7 +10,8 @@
   search: id, title, owner. The change page shows the live numbers and, newest first,
   the session's connections and its ``slow_client_warning`` / ``client_evicted``
   records with their exact payloads. Actions: close the session, disconnect all its
-  subscribers; with the Redis backend both reach every process.
+  subscribers, revoke its tokens; with the Redis backend they reach every process. The
+  ``User`` admin gains *Revoke the API tokens of the selected users*.
 - **Subscriber connections** and **subscriber incidents**: read-only lists of the records
   written by :mod:`sessions.ops.records` (filters, search).
 

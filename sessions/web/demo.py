@@ -15,7 +15,6 @@ import uuid
 from typing import Final
 
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_POST
 
 from sessions.auth import can_view
 from sessions.backends import get_backend
@@ -50,7 +49,6 @@ DEMO_RETRY_PAUSE_S: Final = 1.0
 _demo_agents: dict[str, asyncio.Task[int]] = {}
 
 
-@require_POST
 async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
     """``POST /sessions/<id>/demo``: start the demo agent in this process; 202.
 
@@ -59,6 +57,10 @@ async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
     logged in, 404 unknown session or neither owner nor staff, 409 ``demo_running``
     (one agent per session) or ``session_closed``.
     """
+    if request.method != "POST":  # a JSON 405 like the API's, not Django's empty one
+        response = error_response(405, "method_not_allowed", "use POST here")
+        response["Allow"] = "POST"
+        return response
     user = await request_user(request)
     if not user.is_authenticated:
         return error_response(401, "unauthorized", "log in to start the demo agent")

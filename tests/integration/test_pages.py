@@ -158,3 +158,10 @@ async def test_demo_agent_stops_quietly_when_the_session_is_closed(make_session)
     await close(sid)
     async with asyncio.timeout(5):
         assert await pages.run_demo_agent(sid, chunks_per_s=1e9) == 0
+
+
+async def test_demo_endpoint_answers_a_wrong_method_with_a_json_405(make_user, make_session):
+    sid = await make_session(owner=await make_user("alice"))
+    response = await call("GET", f"/sessions/{sid}/demo")
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
