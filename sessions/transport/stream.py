@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 
 from channels.auth import get_user
 from django.conf import settings
+from django.db import DatabaseError
 from django.http.cookie import parse_cookie
 from django.http.request import split_domain_port, validate_host
 
@@ -270,7 +271,12 @@ class SessionEventStream:
             raise
         check_access(principal, session_id, live.owner_id, "read")
         # A closed session answered 204 above whatever the token's version: the client stops.
-        await ensure_current(principal)
+        try:
+            await ensure_current(principal)
+        except DatabaseError as exc:
+            raise ApiError(
+                503, "unavailable", "the database is busy; try again", log_extra=f" error={exc!r}"
+            ) from None
         return _Admission(live, last_event_id, epoch, max_queued, principal)
 
     async def _serve(
