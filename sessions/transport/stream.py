@@ -454,10 +454,11 @@ def _parse_max_queued(query_string: bytes) -> int:
         and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
     ):
         return int(raw)
+    problem = "must be given once" if len(values) > 1 else "must be a decimal integer"
     raise ApiError(
         400,
         "invalid_max_queued",
-        f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
+        f"maxQueued {problem} in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
         log_extra=f" value={sanitize_for_log(','.join(values))!r}",
     )
 
