@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, Final
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -31,9 +31,13 @@ from sessions.queries import request_user, session_row
 from sessions.web.responses import api_view, enforce_csrf
 from sessions.wire import sanitize_for_log
 
-__all__ = ["disconnect_subscriber", "session_subscribers"]
+__all__ = ["SUBSCRIBER_PLACEHOLDER", "disconnect_subscriber", "session_subscribers"]
 
 logger = logging.getLogger("qwenweb.api")
+
+SUBSCRIBER_PLACEHOLDER: Final = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+"""Stands for the subscriber id in the disconnect URL handed to the pages' scripts (the
+session id's placeholder, where there is one, is all zeros)."""
 
 
 async def _operator_name(request: HttpRequest) -> str:
