@@ -9,17 +9,96 @@ checked over HTTP only. Every wait is bounded (``expect`` with a timeout).
 from __future__ import annotations
 
 import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import RemoteSession, SessionPage, agent_chunk, screenshot
-from tests.support.server import ServerProcess
+from tests.browser.conftest import (
+    PASSWORD,
+    USERNAME,
+    RemoteSession,
+    SessionPage,
+    agent_chunk,
+    screenshot,
+)
+from tests.support.backend import delete_run_keys
+from tests.support.server import ServerProcess, start_redis_server, wait_for
+from tests.support.staff import StaffClient
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 PROVOKE_WAIT_MS = 150_000
 """Bound of the whole backpressure run: ~1,000 events of 64 KiB, then the backlog read."""
+REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REPORT_WAIT_MS = 10_000
+"""Another process's subscribers appear within one report interval (PROCESS_TTL_S / 4)."""
+
+
+@pytest.fixture
+def two_redis_servers(browser_database: Path, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Two ``python -m qwenweb.serve`` on the Redis backend, one database, a prefix of their own."""
+    prefix = f"qwtest-{secrets.token_hex(4)}"
+    servers: list[ServerProcess] = []
+    try:
+        for name in ("a", "b"):
+            servers.append(
+                start_redis_server(browser_database, REDIS_URL, prefix, tmp_path / f"{name}.log")
+            )
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+        delete_run_keys(prefix, REDIS_URL)
+
+
+def test_staff_see_both_processes_subscribers_on_the_page_and_disconnect_the_other_ones(
+    page: Page, two_redis_servers: list[ServerProcess]
+) -> None:
+    # The issue's first "Done when", in the browser: the page on A, a second tab on B.
+    a, b = two_redis_servers
+    session = RemoteSession.create(a.base_url, title="two processes")
+    mine = SessionPage(page, session).open()
+    other = SessionPage(page.context.new_page(), RemoteSession(b.base_url, session.id))
+    other.page.goto(other.session.page_url)  # cookies ignore the port: the same login
+    other.expect_state("open")
+    expect(page.locator("#subscribers tbody tr")).to_have_count(2, timeout=REPORT_WAIT_MS)
+    expect(page.locator("#subscribers .subs-status")).to_contain_text("in 2 server processes")
+    page.locator("#subscribers tbody tr:not(.subs-own) .subs-disconnect").click()
+    expect(page.locator("#subscribers .subs-result")).to_contain_text("asked process")
+    expect(other.page.locator("#last-stream-error")).to_contain_text("operator_disconnect")
+    mine.wait_for_id(session.say("on A ")[-1])
+    staff = StaffClient(a.base_url).login(USERNAME, PASSWORD)
+
+    def operator_recorded() -> bool:
+        connections = staff.get_json(f"/ops/sessions/{session.id}/records")["connections"]
+        return any(c["endDetail"] == f"by {USERNAME}" for c in connections)
+
+    assert wait_for(operator_recorded, timeout_s=10, interval_s=0.2)
+    other.page.close()
+
+
+def test_dashboard_detail_lists_a_sessions_subscribers_and_disconnects_one(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="watched from the dashboard")
+    watcher = SessionPage(page, session).open()
+    dashboard = page.context.new_page()
+    dashboard.goto(f"{server.base_url}/")
+    dashboard.click(f'tr[data-session-id="{session.id}"] .detail-open')
+    rows = dashboard.locator("#detail-subscribers tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text("operator")
+    rows.locator(".subs-disconnect").click()
+    expect(dashboard.locator("#detail-subscribers .subs-result")).to_contain_text("Disconnected")
+    expect(page.locator("#last-stream-error")).to_contain_text("operator_disconnect")
+    watcher.expect_state("open", timeout_ms=20_000)  # it reconnects with its cursor
+    dashboard.click("#detail-close")
+    expect(dashboard.locator("#session-detail")).to_be_hidden()
+    dashboard.close()
 
 
 def test_staff_see_the_live_subscribers_and_disconnecting_a_row_ends_that_one_only(
