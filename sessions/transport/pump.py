@@ -76,8 +76,12 @@ async def pump_frames(
     ``send`` (frames or a heartbeat, which go through the same path, so a half-open
     connection is found too) does not return within ``writer_idle_timeout_s`` seconds.
     """
-    observer = observer or _NOBODY
-    encoder = encoder or FrameEncoder()
+    # `is None`, not `or`: an empty FrameEncoder is falsy (it has a length), and a new
+    # encoder per stream would frame every event once per subscriber.
+    if observer is None:
+        observer = _NOBODY
+    if encoder is None:
+        encoder = FrameEncoder()
     while True:
         try:
             frame = await subscription.next_frame(heartbeat_interval_s)

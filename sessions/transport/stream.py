@@ -145,7 +145,7 @@ class SessionEventStream:
     @property
     def backend(self) -> Backend:
         """The backend this route streams from."""
-        return self._backend or get_backend()
+        return self._backend if self._backend is not None else get_backend()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):

@@ -9,6 +9,7 @@ import pytest
 
 from sessions.bus import EventBus
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
+from sessions.wire import FrameEncoder
 
 pytestmark = pytest.mark.asyncio
 
@@ -95,3 +96,29 @@ async def test_bytes_sent_does_not_count_a_send_that_never_returned():
         with pytest.raises(WriterIdleTimeoutError):
             await pump_frames(sub, send, 60, writer_idle_timeout_s=0.05)
     assert sub.bytes_sent == 0
+
+
+async def test_streams_sharing_an_empty_encoder_frame_each_event_once():
+    # EB-18: an event fanned out to many subscribers is framed once. (Regression: an
+    # empty FrameEncoder is falsy, and `encoder or FrameEncoder()` gave each stream its own.)
+    bus = EventBus(8)
+    subs = [bus.subscribe(), bus.subscribe()]
+    encoder = FrameEncoder()
+    bodies: list[list[bytes]] = [[], []]
+
+    def collect(index: int) -> Any:
+        async def send(message: Any) -> None:
+            bodies[index].append(message["body"])
+
+        return send
+
+    pumps = [
+        asyncio.create_task(pump_frames(sub, collect(i), 60, encoder=encoder))
+        for i, sub in enumerate(subs)
+    ]
+    bus.publish({"type": "t", "data": 1})
+    bus.close()
+    async with asyncio.timeout(5):
+        await asyncio.gather(*pumps)
+    assert len(encoder) == 1
+    assert bodies[0][0] is bodies[1][0]  # one bytes object, shared
