@@ -145,6 +145,11 @@ LOGIN_URL = "/admin/login/"
 # limits from sessions.bus); override any of them here or with $QWENWEB_<NAME>.
 QWENWEB: dict[str, object] = {}
 
+# Request bodies are bounded by QWENWEB["PUBLISH_MAX_BODY_BYTES"] (at most 64 MiB), checked by
+# the API with a 413 that names that limit; Django's own cap (2.5 MiB by default) must not
+# refuse them first with a limit of its own.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024 + 1
+
 # The operator dashboard's live feed (sessions.ops.feed): one staff-only channel, no
 # event storage (nothing is written to the database per dashboard event).
 EVENTSTREAM_CHANNELMANAGER_CLASS = "sessions.ops.feed.OperatorChannelManager"

@@ -24,7 +24,7 @@ import logging
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -188,7 +188,7 @@ def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
     "resumedFrom", "openedAt", "closedAt", "framesSent", "bytesSent", "endReason",
     "endDetail", "endPayload"}], "incidents": [{"id", "connection", "kind", "reason",
     "eventId", "at", "payload"}]}`` — at most 200 of each. ``payload`` and
-    ``endPayload`` are the exact JSON text the client received. 404 unknown session.
+    ``endPayload`` are the exact JSON text the client received. 404 JSON unknown session.
     """
     refused = _staff_error(request.user)
     if refused is not None:
@@ -196,7 +196,7 @@ def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
     normalized = normalize_session_id(session_id)
     row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
     if row is None:
-        raise Http404("unknown session")
+        return error_response(404, "not_found", "unknown session")
     connections = [
         {
             "id": str(c.id),

@@ -68,14 +68,15 @@ def enforce_csrf(request: HttpRequest) -> None:
 _View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 
 
-def api_view(*methods: str) -> Callable[[_View], _View]:
+def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[[_View], _View]:
     """Make an async view a JSON API endpoint accepting ``methods``.
 
-    Other methods get a JSON 405 with ``Allow``; an ``ApiError`` raised inside becomes its
-    JSON error and one log line; a database failure, or the event store out of reach,
-    becomes a JSON 503 (never a 500 page). CSRF is checked by the views for login-session
-    callers only (bearer tokens are not ambient credentials), so Django's middleware is
-    told to skip these views.
+    Other methods get a JSON 405 with ``Allow`` (``methods`` plus ``served_elsewhere``: the
+    methods of the same URL that another application answers, e.g. the stream's ``GET``);
+    an ``ApiError`` raised inside becomes its JSON error and one log line; a database
+    failure, or the event store out of reach, becomes a JSON 503 (never a 500 page).
+    CSRF is checked by the views for login-session callers only (bearer tokens are not
+    ambient credentials), so Django's middleware is told to skip these views.
     """
 
     def decorate(view: _View) -> _View:
@@ -83,10 +84,11 @@ def api_view(*methods: str) -> Callable[[_View], _View]:
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
+                allowed = (*served_elsewhere, *methods)
                 response = error_response(
-                    405, "method_not_allowed", f"use {' or '.join(methods)} here"
+                    405, "method_not_allowed", f"use {' or '.join(allowed)} here"
                 )
-                response["Allow"] = ", ".join(methods)
+                response["Allow"] = ", ".join(allowed)
                 return response
             try:
                 return await view(request, *args, **kwargs)

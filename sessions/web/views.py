@@ -224,7 +224,7 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
     return HttpResponse(body, content_type="application/json")
 
 
-@api_view("POST")
+@api_view("POST", served_elsewhere=("GET", "HEAD"))  # GET, HEAD: the stream route
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 

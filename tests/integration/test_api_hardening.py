@@ -67,6 +67,32 @@ async def test_chunked_body_beyond_django_limit_is_413_json(make_session, settin
     assert_error(response, 413, "body_too_large")
 
 
+async def test_a_body_above_djangos_default_cap_but_within_the_limit_is_published(
+    make_session, monkeypatch
+):
+    # docs/protocol.md, "Errors and limits": PUBLISH_MAX_BODY_BYTES governs, not Django's
+    # own 2.5 MiB DATA_UPLOAD_MAX_MEMORY_SIZE (which answered a 413 naming the wrong limit).
+    from sessions.conf import get_config
+
+    monkeypatch.setenv("QWENWEB_PUBLISH_MAX_BODY_BYTES", str(4 * 1024 * 1024))
+    get_config.cache_clear()
+    session_id = await make_session()
+    body = b'{"type":"big","data":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+    response = await call(
+        "POST", f"/session/{session_id}/events",
+        headers=bearer(issue_token(session_id, ["publish"])), body=body,
+    )  # fmt: skip
+    assert response.status == 200, response.body[:200]
+
+
+async def test_other_methods_on_the_events_url_name_every_method_served_there(make_session):
+    # GET and HEAD are the stream (EB-12), POST is publish: Allow lists all three.
+    session_id = await make_session()
+    response = await call("PUT", f"/session/{session_id}/events")
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "GET, HEAD, POST"
+
+
 async def test_token_for_another_session_gets_403_whether_or_not_session_exists(make_session):
     # EB-12: nothing about a session leaks to a token that has no access to it.
     mine, other = await make_session(), await make_session()

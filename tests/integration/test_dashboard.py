@@ -234,7 +234,7 @@ async def test_records_endpoint_is_for_staff(make_session, make_user, staff_cook
     missing = await call(
         "GET", f"/ops/sessions/{unknown}/records", headers={"cookie": staff_cookie}
     )
-    assert missing.status == 404
+    assert_error(missing, 404, "not_found")  # JSON, like every other error
 
 
 async def test_records_endpoint_returns_the_exact_eviction_payload(
