@@ -14,8 +14,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
+# `make demo ARGS="--port 8765"` passes options to `manage.py demo` (see its --help).
 demo: $(STAMP)
-	$(PY) manage.py demo
+	$(PY) manage.py demo $(ARGS)
 
 test: $(STAMP)
 	node --test tests/js/

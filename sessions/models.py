@@ -137,6 +137,7 @@ class SubscriberConnection(models.Model):
         STREAM_ERROR = "stream_error", "Stream error"
         SESSION_CLOSED = "session_closed", "Session closed"
         SERVER_DISCONNECT = "server_disconnect", "Disconnected by the server"
+        OPERATOR_DISCONNECT = "operator_disconnect", "Disconnected by an operator"
         SERVER_SHUTDOWN = "server_shutdown", "Server shutdown"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

@@ -7,7 +7,7 @@ the pattern here serves the other methods (``POST`` = publish) and names the URL
 from django.urls import path
 
 from sessions.ops import dashboard
-from sessions.web import demo, pages, views
+from sessions.web import demo, pages, subscribers, views
 
 urlpatterns = [
     # The session API.
@@ -17,6 +17,17 @@ urlpatterns = [
     path("session/<str:session_id>/events", views.session_events, name="session-events"),
     path("session/<str:session_id>/close", views.close_session, name="session-close"),
     path("session/<str:session_id>/token", views.session_token, name="session-token"),
+    # Operators: the live subscribers of a session, and disconnecting one.
+    path(
+        "session/<str:session_id>/subscribers",
+        subscribers.session_subscribers,
+        name="session-subscribers",
+    ),
+    path(
+        "session/<str:session_id>/subscribers/<str:subscriber_id>/disconnect",
+        subscribers.disconnect_subscriber,
+        name="session-subscriber-disconnect",
+    ),
     # The pages: `/` is the dashboard for staff and a redirect to the list for everyone else.
     path("", dashboard.home, name="dashboard"),
     path("sessions/", pages.session_list, name="session-list"),

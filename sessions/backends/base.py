@@ -31,7 +31,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import orjson
 from channels.db import database_sync_to_async
@@ -48,6 +48,7 @@ from sessions.backends.idempotency import (
     IdempotencyKeyReusedError,
     IdempotencyStore,
 )
+from sessions.backends.rates import ByteRates
 from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
 from sessions.bus import BusStats, EventBus, Frame, Registry, Subscription
 from sessions.conf import QwenwebConfig
@@ -55,6 +56,7 @@ from sessions.hooks import Hooks
 from sessions.runtime import ServerLoop
 
 __all__ = [
+    "OPERATOR_DISCONNECT",
     "Backend",
     "BackendUnavailableError",
     "Disconnected",
@@ -75,6 +77,9 @@ logger = logging.getLogger("qwenweb.backend")
 RENEWAL_RETRY_S = 5.0
 #: How long an operator page waits for the cluster's figures (multi-process backends).
 OPERATOR_STATS_TIMEOUT_S = 2.0
+OPERATOR_DISCONNECT: Final = "operator_disconnect"
+"""The ``reason`` of a subscriber an operator disconnected (:meth:`Backend.disconnect_subscriber`
+with ``by``): its terminal frame's ``reason`` and its record's end reason."""
 
 
 @dataclass(eq=False)
@@ -168,13 +173,17 @@ def snapshot_json(live: LiveSession, subscriber_count: int | None = None) -> byt
     )
 
 
-def subscriber_row(process: str, live: LiveSession, subscription: Subscription) -> dict[str, Any]:
+def subscriber_row(
+    process: str, live: LiveSession, subscription: Subscription, bytes_per_second: int = 0
+) -> dict[str, Any]:
     """One row of :meth:`Backend.list_subscribers` for an attached ``subscription``.
 
     Shape: ``{"id", "process", "user", "clientId", "address", "since" (epoch s),
     "lastEventId" (None before any event), "lag" (events behind the head),
-    "queuedFrames", "queuedBytes"}``; ``user``, ``clientId`` and ``address`` come from
-    the details the transport attached (``""`` when none).
+    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId`` and
+    ``address`` come from the details the transport attached (``""`` when none);
+    ``bytesPerSecond`` is the caller's sample (:class:`~sessions.backends.rates.ByteRates`).
+    Never raises, never touches more than the queue's counters.
     """
     queue = subscription.statistics()
     details: Mapping[str, Any] = subscription.details or {}
@@ -191,6 +200,7 @@ def subscriber_row(process: str, live: LiveSession, subscription: Subscription) 
         "lag": max(0, head - (last_sent if last_sent is not None else live.bus.start_id - 1)),
         "queuedFrames": queue.live_count + queue.forced_count,
         "queuedBytes": queue.live_bytes,
+        "bytesPerSecond": bytes_per_second,
     }
 
 
@@ -222,6 +232,7 @@ class Backend(ABC):
         self.hooks = hooks
         self.registry: Registry[LiveSession] = Registry()
         self.loop = ServerLoop(hooks)
+        self.rates = ByteRates()
         self._background: set[asyncio.Task[Any]] = set()
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
 
@@ -459,8 +470,10 @@ class Backend(ABC):
     async def list_subscribers(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's current subscribers in every process, oldest first.
 
-        Rows as :func:`subscriber_row`. A multi-process backend's other processes' rows are
-        at most one report interval old. Raises :class:`BackendUnavailableError`.
+        Rows as :func:`subscriber_row`; ``bytesPerSecond`` is the rate between two samples
+        at least one second apart (:mod:`sessions.backends.rates`). A multi-process
+        backend's other processes' rows are at most one report interval old. Raises
+        :class:`BackendUnavailableError`.
         """
         return self.local_subscribers(session_id)
 
@@ -469,26 +482,38 @@ class Backend(ABC):
         live = self.registry.get(session_id)
         if live is None:
             return []
-        return [subscriber_row(self.process_id, live, s) for s in live.bus.subscriptions()]
+        return [
+            subscriber_row(self.process_id, live, s, self.rates.rate(s))
+            for s in live.bus.subscriptions()
+        ]
 
     async def disconnect_subscriber(
-        self, session_id: str, subscriber_id: str, *, reason: str
+        self, session_id: str, subscriber_id: str, *, reason: str, by: str = ""
     ) -> bool:
         """End one subscriber (by its id, the connection id) with a terminal frame.
 
-        Returns whether it was found in this process; a multi-process backend also tells
-        every other process (then True means "asked"). Raises
-        :class:`BackendUnavailableError` when the others cannot be told.
+        ``by`` names who asked (an operator); it is noted on the subscription
+        (``end_note``), so the stream records it. Returns whether it was found in this
+        process; a multi-process backend also tells every other process (then True means
+        "asked"). Raises :class:`BackendUnavailableError` when the others cannot be told.
         """
-        return self.disconnect_local_subscriber(session_id, subscriber_id, reason)
+        return self.disconnect_local_subscriber(session_id, subscriber_id, reason, by=by)
 
-    def disconnect_local_subscriber(self, session_id: str, subscriber_id: str, reason: str) -> bool:
-        """End this process's subscriber ``subscriber_id`` of the session; whether found."""
+    def disconnect_local_subscriber(
+        self, session_id: str, subscriber_id: str, reason: str, *, by: str = ""
+    ) -> bool:
+        """End this process's subscriber ``subscriber_id`` of the session; whether found.
+
+        The subscription gets ``end_note = {"reason": reason, "by": by}`` before the bus
+        ends it (``stream_error`` code ``server_disconnect`` with ``reason``, EB-9
+        semantics); its siblings go on. Never raises, never awaits.
+        """
         live = self.registry.get(session_id)
         if live is None:
             return False
         for subscription in live.bus.subscriptions():
             if subscription.label == subscriber_id:
+                subscription.end_note = {"reason": reason, "by": by}
                 return live.bus.disconnect(subscription, reason)
         return False
 

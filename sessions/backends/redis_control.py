@@ -43,8 +43,9 @@ class RedisControlled(Backend):
         """A control message from another process (pub/sub; never one of this process's).
 
         ``disconnect``: end the session's subscribers here (all, or the one named by
-        ``subscriber``). ``activity``: dashboard activity items that happened there; they
-        are announced to this process's listeners only, never relayed on. ``revoke``:
+        ``subscriber``, noting ``by``, who asked). ``activity``: dashboard activity items
+        that happened there; they are announced to this process's listeners only, never
+        relayed on. ``revoke``:
         a :class:`Revocation` made there (:meth:`Backend.revoke_local` here).
         """
         op = message.get("op")
@@ -60,7 +61,8 @@ class RedisControlled(Backend):
             reason = str(message.get("reason") or "operator")
             subscriber = message.get("subscriber")
             if subscriber is not None:
-                self.disconnect_local_subscriber(session_id, str(subscriber), reason)
+                by = str(message.get("by") or "")
+                self.disconnect_local_subscriber(session_id, str(subscriber), reason, by=by)
                 return
             live = self.registry.get(session_id)
             if live is not None:
@@ -125,15 +127,19 @@ class RedisControlled(Backend):
         return sorted(rows_here, key=lambda row: row.get("since") or 0)
 
     async def disconnect_subscriber(
-        self, session_id: str, subscriber_id: str, *, reason: str
+        self, session_id: str, subscriber_id: str, *, reason: str, by: str = ""
     ) -> bool:
-        if self.disconnect_local_subscriber(session_id, subscriber_id, reason):
+        """Here if the subscriber is one of this process's; else one control message
+        ``{"op": "disconnect", "session", "subscriber", "reason", "by"}`` that the process
+        holding it acts on (True: some other process heard it)."""
+        if self.disconnect_local_subscriber(session_id, subscriber_id, reason, by=by):
             return True
         message = {
             "op": "disconnect",
             "session": session_id,
             "subscriber": subscriber_id,
             "reason": reason,
+            "by": by,
         }
         return await self.store().send_control(message) > 0
 

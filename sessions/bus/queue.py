@@ -83,9 +83,16 @@ class Subscription:
         since: when the subscription was created, ``time.time()`` (epoch seconds).
         details: what the subscriber's owner attached for operators (who, from where), or
             None; the bus never reads it.
+        bytes_sent: body bytes the owner wrote for this subscriber so far (the transport
+            adds each ``send``'s size: one integer add per batch, never per frame); the
+            bus never reads it. Operators derive bytes per second from it.
+        end_note: what the code that ended this subscriber from outside noted about why
+            (e.g. ``{"reason": "operator_disconnect", "by": "alice"}``), or None; set
+            before :meth:`EventBus.disconnect`, read by the owner; the bus never reads it.
     """
 
     __slots__ = (
+        "__weakref__",  # operators keep per-subscription samples in weak mappings
         "_bus",
         "_end_reason",
         "_ended",
@@ -95,7 +102,9 @@ class Subscription:
         "_live_count",
         "_waiter",
         "_warned",
+        "bytes_sent",
         "details",
+        "end_note",
         "label",
         "last_event_id",
         "max_queued",
@@ -122,6 +131,8 @@ class Subscription:
         self.last_event_id: int | None = None
         self.since = time.time()
         self.details: Mapping[str, Any] | None = None
+        self.bytes_sent = 0
+        self.end_note: Mapping[str, Any] | None = None
 
     # -- consumer side -------------------------------------------------------------
 

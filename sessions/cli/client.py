@@ -216,11 +216,16 @@ class EventStreamClient:
         return 0
 
     def _delay_s(self) -> float:
+        """Seconds before the next attempt (SC-11): the server's ``retry`` after a stream
+        that opened; after ``n`` failed attempts, uniform in ``[ceiling/2, ceiling]`` with
+        ``ceiling = min(30 s, retry * 2**n)``, and never below ``retry`` (the browser
+        client's rule, static/qwenweb/sse.js ``computeReconnectDelayMs``)."""
         base = self.retry_ms / 1000
         if self._failures == 0:
             return base
-        grown: float = min(_BACKOFF_CAP_S, base * 2.0 ** min(self._failures - 1, 10))
-        return grown * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
+        ceiling: float = min(_BACKOFF_CAP_S, base * 2.0 ** min(self._failures, 10))
+        jittered = ceiling * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
+        return max(base, jittered)
 
     def _connect_once(self) -> None:
         conn, path = _connection(self.url, self.read_timeout_s)

@@ -43,6 +43,7 @@ from sessions.ops.feed import (
 )
 from sessions.queries import request_user
 from sessions.web.responses import error_response
+from sessions.web.subscribers import SUBSCRIBER_PLACEHOLDER
 
 __all__ = ["home", "operator_events", "session_records", "session_saved"]
 
@@ -65,10 +66,13 @@ def home(request: HttpRequest) -> HttpResponse:
     """``GET /``: the dashboard for active staff; a redirect to the session list otherwise.
 
     Context ``dashboard_config`` (JSON for the script): ``{"feedUrl", "urls":
-    {"sessionPage", "sessionAdmin"}`` (with ``00000000-0000-0000-0000-000000000000`` in
-    place of the id), ``"tickS", "historyS", "sessions": [rows], "history",
-    "sessionHistory", "activity"}``; rows merge the database row with the live
-    ``stats()`` of a loaded bus (``"live": true``), else the counters last saved.
+    {"sessionPage", "sessionAdmin", "subscribers", "disconnect"}`` (with ``placeholder``,
+    ``00000000-0000-0000-0000-000000000000``, in place of the session id and
+    ``subscriberPlaceholder`` in place of the subscriber id), ``"tickS", "historyS",
+    "sessions": [rows], "history", "sessionHistory", "activity"}``; rows merge the
+    database row with the live ``stats()`` of a loaded bus (``"live": true``), else the
+    counters last saved. A session's detail panel (its live subscribers, with a Disconnect
+    button each) polls ``GET /session/<id>/subscribers`` while it is open.
     """
     if not is_operator(request.user):
         return redirect("session-list")
@@ -91,8 +95,13 @@ def home(request: HttpRequest) -> HttpResponse:
         "urls": {
             "sessionPage": reverse("session-page", args=[placeholder]),
             "sessionAdmin": reverse("admin:agent_sessions_agentsession_change", args=[placeholder]),
+            "subscribers": reverse("session-subscribers", args=[placeholder]),
+            "disconnect": reverse(
+                "session-subscriber-disconnect", args=[placeholder, SUBSCRIBER_PLACEHOLDER]
+            ),
         },
         "placeholder": placeholder,
+        "subscriberPlaceholder": SUBSCRIBER_PLACEHOLDER,
         "tickS": TICK_S,
         "historyS": HISTORY_S,
         "sessions": rows,

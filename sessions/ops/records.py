@@ -5,6 +5,7 @@ What is recorded (``sessions.models``)
     from where (client address, ``User-Agent``, ``X-Client-Id``), when (opened, closed),
     how much (frames and bytes written) and how it ended (``client_disconnect``,
     ``client_evicted``, ``stream_error``, ``session_closed``, ``server_disconnect``,
+    ``operator_disconnect`` (one subscriber ended by an operator; detail ``by <name>``),
     ``server_shutdown``), with the exact JSON of a terminal ``client_evicted`` /
     ``stream_error`` frame. :class:`~sessions.models.SubscriberIncident` — one row per
     ``slow_client_warning`` and ``client_evicted`` frame written to a client, with the

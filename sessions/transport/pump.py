@@ -68,6 +68,8 @@ async def pump_frames(
     comment is written. Once ``send`` returned, ``observer`` is told about each frame
     (the frame, its wire bytes, the JSON of its ``data:`` line) and each heartbeat.
     ``encoder`` frames the events (one per process shares its cache across streams).
+    After each ``send`` returned, its size is added to ``subscription.bytes_sent`` (one
+    integer add per batch or heartbeat, for operators' bytes per second).
 
     Returns when the subscription ends (evicted, bus closed, disconnected); raises
     whatever ``send`` or the iterator raises, and :class:`WriterIdleTimeoutError` when one
@@ -88,6 +90,7 @@ async def pump_frames(
         if frame is None:
             heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
             await _send_within(send, heartbeat, writer_idle_timeout_s)
+            subscription.bytes_sent += len(HEARTBEAT)
             observer.bytes_written(len(HEARTBEAT))
             continue
         frames = []
@@ -112,5 +115,6 @@ async def pump_frames(
             frame = queued
         body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
         await _send_within(send, body, writer_idle_timeout_s)
+        subscription.bytes_sent += size  # one add per send: operators' bytes per second
         for index, written in enumerate(frames):
             observer.frame_written(written, chunks[index], payloads[index])

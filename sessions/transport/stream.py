@@ -48,6 +48,7 @@ from sessions.auth import (
 )
 from sessions.backends import get_backend
 from sessions.backends.base import (
+    OPERATOR_DISCONNECT,
     Backend,
     BackendUnavailableError,
     LiveSession,
@@ -99,6 +100,7 @@ _CLIENT_DISCONNECT: Final = SubscriberConnection.EndReason.CLIENT_DISCONNECT.val
 _STREAM_ERROR: Final = SubscriberConnection.EndReason.STREAM_ERROR.value
 _SERVER_DISCONNECT: Final = SubscriberConnection.EndReason.SERVER_DISCONNECT.value
 _SERVER_SHUTDOWN: Final = SubscriberConnection.EndReason.SERVER_SHUTDOWN.value
+_OPERATOR_DISCONNECT: Final = SubscriberConnection.EndReason.OPERATOR_DISCONNECT.value
 _BUS_END_REASONS: Final = {
     "evicted": SubscriberConnection.EndReason.CLIENT_EVICTED.value,
     "closed": SubscriberConnection.EndReason.SESSION_CLOSED.value,
@@ -226,6 +228,7 @@ class SessionEventStream:
             # daphne sends no headers until the first body bytes: write retry now (EB-18).
             retry = encode_retry(DEFAULT_RETRY_MS)
             await send({"type": "http.response.body", "body": retry, "more_body": True})
+            subscription.bytes_sent += len(retry)
             observer.bytes_written(len(retry))
             reason, detail = await self._serve(subscription, receive, send, live, observer)
             observer.closed(reason, detail)
@@ -351,11 +354,16 @@ class SessionEventStream:
     def _ended_by_bus(self, subscription: Subscription) -> tuple[str, str] | None:
         """The end reason when the bus ended the subscription (EB-5, EB-9), else None.
 
-        A subscriber disconnected while the server shuts down ended because of the shutdown.
+        A subscriber disconnected while the server shuts down ended because of the
+        shutdown; one an operator disconnected (``end_note`` reason
+        ``operator_disconnect``) is ``(operator_disconnect, "by <who>")``.
         """
         reason = _BUS_END_REASONS.get(subscription.end_reason or "")
         if reason == _SERVER_DISCONNECT and self.hooks.shutting_down:
             reason = _SERVER_SHUTDOWN
+        note = subscription.end_note
+        if reason == _SERVER_DISCONNECT and note and note.get("reason") == OPERATOR_DISCONNECT:
+            return _OPERATOR_DISCONNECT, f"by {note.get('by') or 'an operator'}"
         return (reason, "") if reason is not None else None
 
     async def _limit_reached(
@@ -524,10 +532,11 @@ def _parse_max_queued(query_string: bytes) -> int:
         and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
     ):
         return int(raw)
+    problem = "must be given once" if len(values) > 1 else "must be a decimal integer"
     raise ApiError(
         400,
         "invalid_max_queued",
-        f"maxQueued must be a decimal integer in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
+        f"maxQueued {problem} in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
         log_extra=f" value={sanitize_for_log(','.join(values))!r}",
     )
 

@@ -24,11 +24,12 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from sessions.auth import can_view
+from sessions.auth import can_view, is_operator
 from sessions.bus import DEFAULT_MAX_QUEUED, MAX_QUEUED_MAX, MAX_QUEUED_MIN
 from sessions.conf import get_config
 from sessions.models import AgentSession, normalize_session_id
 from sessions.web.demo import DEMO_CHUNKS_PER_S
+from sessions.web.subscribers import SUBSCRIBER_PLACEHOLDER
 
 __all__ = ["session_list", "session_page"]
 
@@ -65,8 +66,12 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
 
     Renders ``sessions/session_page.html`` with a ``page_config`` JSON object for the
     script: ``{"sessionId", "title", "status", "ringSize", "urls": {"events", "load",
-    "token", "demo", "list"}, "maxQueued": {"min", "max", "default"}, "demoChunksPerS"}``
-    (paths, same origin).
+    "token", "demo", "list", "publish", "subscribers", "disconnect"}, "maxQueued": {"min",
+    "max", "default"}, "maxQueuedBytes", "demoChunksPerS", "isOperator",
+    "subscriberPlaceholder"}`` (paths, same origin). ``subscribers`` and ``disconnect``
+    (with ``subscriberPlaceholder`` in place of the subscriber id) are for active staff
+    only, else None: only they get the live subscribers table; the owner and staff both
+    get the publish console.
 
     Raises:
         Http404: malformed or unknown session id, or a session the user may not see
@@ -76,6 +81,7 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
     row = AgentSession.objects.filter(pk=normalized).first() if normalized else None
     if row is None or not can_view(request.user, row.owner_id):
         raise Http404("unknown session")
+    operator = is_operator(request.user)
     page_config = {
         "sessionId": row.id,
         "title": row.title,
@@ -87,10 +93,22 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
             "token": reverse("session-token", args=[row.id]),
             "demo": reverse("session-demo", args=[row.id]),
             "list": reverse("session-list"),
+            "publish": reverse("session-events", args=[row.id]),
+            "subscribers": reverse("session-subscribers", args=[row.id]) if operator else None,
+            "disconnect": (
+                reverse("session-subscriber-disconnect", args=[row.id, SUBSCRIBER_PLACEHOLDER])
+                if operator
+                else None
+            ),
         },
         "maxQueued": {"min": MAX_QUEUED_MIN, "max": MAX_QUEUED_MAX, "default": DEFAULT_MAX_QUEUED},
+        "maxQueuedBytes": get_config().max_queued_bytes,
         "demoChunksPerS": DEMO_CHUNKS_PER_S,
+        "isOperator": operator,
+        "subscriberPlaceholder": SUBSCRIBER_PLACEHOLDER,
     }
     return render(
-        request, "sessions/session_page.html", {"session": row, "page_config": page_config}
+        request,
+        "sessions/session_page.html",
+        {"session": row, "page_config": page_config, "is_operator": operator},
     )

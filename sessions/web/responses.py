@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -111,12 +112,25 @@ def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[
                 response = error_response(
                     405, "method_not_allowed", f"use {' or '.join(allowed)} here"
                 )
+                logger.warning(
+                    "api_rejected method=%s path=%s status=405 code=method_not_allowed",
+                    sanitize_for_log(request.method, 16),
+                    sanitize_for_log(request.path, 120),
+                )
                 response["Allow"] = ", ".join(allowed)
                 return response
             try:
                 return await view(request, *args, **kwargs)
             except ApiError as exc:
                 return _fail(request, exc)
+            except RequestDataTooBig:  # a form body read by the CSRF check, beyond Django's cap
+                return _fail(
+                    request, ApiError(413, "body_too_large", "the request body is too large")
+                )
+            except TooManyFieldsSent:
+                return _fail(
+                    request, ApiError(400, "invalid_request", "the form has too many fields")
+                )
             except DatabaseError as exc:
                 logger.error(
                     "database_unavailable method=%s path=%s error=%s",

@@ -31,6 +31,7 @@ __all__ = [
     "RESERVED_TYPES",
     "idempotency_key",
     "parse_json_body",
+    "refuse_unknown_fields",
     "validate_publish_body",
 ]
 
@@ -83,10 +84,29 @@ def parse_json_body(request: HttpRequest, *, required: bool) -> Any:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}", field="") from None
+        raise ApiError(400, "invalid_json", _json_problem(body, exc), field="") from None
     if _LONG_DIGITS.search(body):
         parsed = json.loads(body, parse_constant=_reject_constant)  # orjson validated it
     return parsed
+
+
+def _json_problem(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Say in words why ``body`` is not JSON (orjson's own message where it is clear)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"body is not valid UTF-8 (byte {bad.start})"
+    if "recursion" in str(exc) or "depth" in str(exc):
+        return f"body is nested deeper than {MAX_DATA_DEPTH} levels"
+    return f"body is not valid JSON: {exc}"
+
+
+def refuse_unknown_fields(body: dict[str, Any], known: frozenset[str], code: str) -> None:
+    """Raise a 400 ``code`` naming the first unknown key of ``body`` (so a typo is never
+    silently dropped)."""
+    unknown = sorted(sanitize_for_log(key, 40) for key in set(body) - known)
+    if unknown:
+        raise ApiError(400, code, f"unknown field(s): {', '.join(unknown[:5])}", field=unknown[0])
 
 
 def _reject_constant(name: str) -> Any:
@@ -118,11 +138,7 @@ def validate_publish_body(body: Any) -> dict[str, Any]:
     """
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_event", "body must be a JSON object", field="")
-    unknown = sorted(sanitize_for_log(key, 40) for key in set(body) - _PUBLISH_FIELDS)
-    if unknown:
-        raise ApiError(
-            400, "invalid_event", f"unknown field(s): {', '.join(unknown[:5])}", field=unknown[0]
-        )
+    refuse_unknown_fields(body, _PUBLISH_FIELDS, "invalid_event")
     event_type = body.get("type")
     if not isinstance(event_type, str) or not event_type:
         raise ApiError(400, "invalid_event", "type must be a non-empty string", field="type")

@@ -45,6 +45,7 @@ from sessions.web.validation import (
     MAX_TITLE_LENGTH,
     idempotency_key,
     parse_json_body,
+    refuse_unknown_fields,
     validate_publish_body,
 )
 from sessions.wire import sanitize_for_log
@@ -66,6 +67,9 @@ CAPABILITIES: Final = {
     ],
     "maxQueued": {"min": MAX_QUEUED_MIN, "max": MAX_QUEUED_MAX, "default": DEFAULT_MAX_QUEUED},
 }
+
+
+_CREATE_FIELDS: Final = frozenset({"title", "ringSize"})
 
 
 async def _authenticate(request: HttpRequest) -> Principal:
@@ -129,6 +133,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     body = parse_json_body(request, required=False)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
+    refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
     title = body.get("title", "")
     if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
         raise ApiError(
@@ -350,6 +355,8 @@ async def close_session(request: HttpRequest, session_id: str) -> HttpResponse:
 
 
 _FORM_TYPES: Final = ("application/x-www-form-urlencoded", "multipart/form-data")
+_TOKEN_FIELDS: Final = frozenset({"scope"})
+_TOKEN_FORM_FIELDS: Final = frozenset({"scope", "csrfmiddlewaretoken"})
 
 
 @api_view("POST")
@@ -365,10 +372,16 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         raise ApiError(401, "unauthorized", "log in to obtain a token")
     enforce_csrf(request)
     if request.content_type in _FORM_TYPES:
-        scope: Any = request.POST.get("scope", "read")
+        form = {key: request.POST.get(key) for key in request.POST}
+        # (curl -d '{"scope": ...}' sends JSON as a form: refuse it rather than ignore it)
+        refuse_unknown_fields(form, _TOKEN_FORM_FIELDS, "invalid_request")
+        scope: Any = form.get("scope", "read")
     else:
         body = parse_json_body(request, required=False)
-        scope = body.get("scope", "read") if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
+        refuse_unknown_fields(body, _TOKEN_FIELDS, "invalid_request")
+        scope = body.get("scope", "read")
     if scope not in ("read", "publish"):
         raise ApiError(400, "invalid_request", "scope must be 'read' or 'publish'", field="scope")
     row = await session_row(session_id)

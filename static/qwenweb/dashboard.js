@@ -8,8 +8,14 @@
 // opened/closed). The page updates its rows, tiles and plots in place; it never reloads.
 // EventSource reconnects by itself; missed activity is gone, the next `stats` repairs counts.
 //
+// A session's detail panel ("subscribers" in its row) shows its live subscribers in every
+// server process with a Disconnect button each (./subscribers.js): it polls
+// `GET /session/<id>/subscribers` every 2 s while it is open and the page is visible.
+//
 // The pure helpers are exported (and tested under Node: tests/js/dashboard.test.mjs); the
 // DOM part runs only in a browser.
+
+import { SubscribersTable } from "./subscribers.js";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_ACTIVITY = 60;
@@ -145,6 +151,43 @@ class Dashboard {
     }
     for (const item of config.activity || []) this.addActivity(item);
     this.refreshAll(Date.now());
+    this.detail = null;
+    this.tbody.addEventListener("click", (event) => {
+      const button = event.target.closest(".detail-open");
+      const row = button?.closest("tr[data-session-id]");
+      if (row) this.openDetail(row.dataset.sessionId);
+    });
+    document.getElementById("detail-close").addEventListener("click", () => this.closeDetail());
+  }
+
+  /** Show the live subscribers of `sessionId` (one session at a time). */
+  openDetail(sessionId) {
+    this.closeDetail();
+    const { urls, placeholder, subscriberPlaceholder } = this.config;
+    const panel = document.getElementById("session-detail");
+    const row = this.rows.get(sessionId);
+    const link = document.getElementById("detail-page");
+    link.textContent = row?.querySelector(".session-title")?.textContent || "(untitled)";
+    link.href = urls.sessionPage.replace(placeholder, sessionId);
+    document.getElementById("detail-id").textContent = sessionId;
+    panel.dataset.sessionId = sessionId;
+    for (const other of this.rows.values()) other.classList.toggle("selected", other === row);
+    this.detail = new SubscribersTable({
+      root: document.getElementById("detail-subscribers"),
+      listUrl: urls.subscribers.replace(placeholder, sessionId),
+      disconnectUrl: (id) =>
+        urls.disconnect.replace(placeholder, sessionId).replace(subscriberPlaceholder, encodeURIComponent(id)),
+    });
+    panel.hidden = false;
+    this.detail.start();
+    panel.scrollIntoView({ block: "nearest" });
+  }
+
+  closeDetail() {
+    if (this.detail !== null) this.detail.stop();
+    this.detail = null;
+    document.getElementById("session-detail").hidden = true;
+    for (const row of this.rows.values()) row.classList.remove("selected");
   }
 
   connect() {
@@ -231,7 +274,7 @@ class Dashboard {
       <td data-field="ring"><span class="muted">not loaded</span></td>
       <td class="num mono" data-field="warnings">0</td>
       <td class="num mono" data-field="evictions">0</td>
-      <td class="links"><a class="page-link">page</a> · <a class="admin-link">admin</a></td>`;
+      <td class="links"><a class="page-link">page</a> · <a class="admin-link">admin</a> · <button type="button" class="text-button detail-open" aria-controls="session-detail">subscribers</button></td>`;
     const title = row.querySelector(".session-title");
     title.textContent = session.title || "(untitled)";
     title.href = page;

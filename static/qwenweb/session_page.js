@@ -24,8 +24,15 @@
  * Safety: text from events is only ever inserted with `textContent` / text nodes, never as
  * HTML. One stream per page (SC-13): a new one (maxQueued change) closes the old first, and
  * `pagehide` closes it so the server sees the disconnect (EB-20).
+ *
+ * Tools below the grid: the publish console with its "Provoke backpressure" helper
+ * (./publish_console.js; owner and staff) and, for staff, the live subscribers table
+ * (./subscribers.js). The stream sends `X-Client-Id: page-<random>` so that both can tell
+ * this page's own subscriber among the others.
  */
+import { PublishConsole } from "./publish_console.js";
 import { SessionEventStream } from "./sse.js";
+import { SubscribersTable } from "./subscribers.js";
 
 const MAX_LOG_ROWS = 2000;
 const FOLLOW_SLACK_PX = 48;
@@ -485,11 +492,14 @@ class SessionPage {
     this.nextAttemptAt = null;
     this.ticker = null;
     this.noticeTimer = null;
+    this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
+    this.signalListeners = [];
   }
 
   /** Load the snapshot, render it, open the stream from its cursor. Never throws. */
   async start() {
     this.bindControls();
+    this.startTools();
     setText(this.dom.streamUrl, this.config.urls.events);
     let snapshot = null;
     try {
@@ -517,6 +527,12 @@ class SessionPage {
     }
     const options = {
       url: this.config.urls.events,
+      // The same X-Client-Id on every attempt: operators (and the backpressure helper) find
+      // this page's subscriber by it. sse.js builds the Headers; they are only added to.
+      fetch: (input, init) => {
+        init.headers.set("X-Client-Id", this.clientId);
+        return fetch(input, init);
+      },
       getToken: (reason) => this.tokens.get(reason === "unauthorized"),
       lastEventId,
       epoch,
@@ -641,10 +657,12 @@ class SessionPage {
           data.maxQueuedBytes,
         )} at #${data.lastEventId} (${data.threshold})`;
         this.showSignal("warning", envelope, note);
+        this.emitSignal(type, data);
         break;
       case "client_evicted":
         note = `${data.reason} after #${data.droppedAfter} · queue ${data.queueSize}/${data.maxQueued}; reconnecting with the cursor`;
         this.showSignal("evicted", envelope, note);
+        this.emitSignal(type, data);
         break;
       case "state_resync_required": {
         const rebuilt =
@@ -658,7 +676,7 @@ class SessionPage {
         break;
       }
       case "stream_error":
-        note = `${data.error ?? "error"}${data.code ? ` (${data.code})` : ""}; reconnecting`;
+        note = `${data.error ?? "error"}${data.code ? ` (${data.code}${data.reason ? `: ${data.reason}` : ""})` : ""}; reconnecting`;
         this.showSignal("error", envelope, note);
         break;
       default:
@@ -781,6 +799,62 @@ class SessionPage {
     window.addEventListener("pagehide", () => {
       if (this.stream !== null) this.stream.close();
     });
+  }
+
+  /** Tell `callback(type, data)` about each `slow_client_warning` / `client_evicted` shown. */
+  onSignal(callback) {
+    this.signalListeners.push(callback);
+  }
+
+  emitSignal(type, data) {
+    for (const callback of this.signalListeners) {
+      try {
+        callback(type, data);
+      } catch (error) {
+        console.error("session page:", error);
+      }
+    }
+  }
+
+  setPaused(paused) {
+    if (this.paused !== paused) this.togglePause();
+  }
+
+  /** The publish console (owner and staff) and, for staff, the live subscribers table. */
+  startTools() {
+    const { urls } = this.config;
+    const page = {
+      isPaused: () => this.paused,
+      setPaused: (paused) => this.setPaused(paused),
+      clientId: this.clientId,
+      maxQueued: () => this.maxQueued ?? this.config.maxQueued.default,
+      maxQueuedBytes: this.config.maxQueuedBytes,
+      onSignal: (callback) => this.onSignal(callback),
+    };
+    const { dom } = this;
+    new PublishConsole({
+      dom: {
+        form: dom.publishForm,
+        type: dom.publishType,
+        data: dom.publishData,
+        result: dom.publishResult,
+        provoke: dom.provoke,
+        stop: dom.provokeStop,
+        provokeStatus: dom.provokeStatus,
+      },
+      urls: { token: urls.token, events: urls.publish, subscribers: urls.subscribers },
+      page,
+    }).bind();
+    const root = document.getElementById("subscribers");
+    if (urls.subscribers && root !== null) {
+      this.subscribers = new SubscribersTable({
+        root,
+        listUrl: urls.subscribers,
+        disconnectUrl: (id) => urls.disconnect.replace(this.config.subscriberPlaceholder, encodeURIComponent(id)),
+        ownClientId: this.clientId,
+      });
+      this.subscribers.start();
+    }
   }
 
   togglePause() {
@@ -933,6 +1007,13 @@ function collectDom() {
     demo: byId("demo"),
     maxQueuedForm: byId("max-queued-form"),
     maxQueued: byId("max-queued"),
+    publishForm: byId("publish-form"),
+    publishType: byId("publish-type"),
+    publishData: byId("publish-data"),
+    publishResult: byId("publish-result"),
+    provoke: byId("provoke"),
+    provokeStop: byId("provoke-stop"),
+    provokeStatus: byId("provoke-status"),
   };
 }
 

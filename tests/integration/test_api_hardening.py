@@ -103,19 +103,64 @@ async def test_token_for_another_session_gets_403_whether_or_not_session_exists(
         assert_error(await publish(target, {"type": "t"}, pub), 403, "forbidden")
 
 
-async def test_token_endpoint_with_multipart_body_defaults_to_read(make_session, make_user):
+async def test_token_endpoint_reads_a_multipart_body(make_session, make_user):
     user = await make_user("owner")
     session_id = await make_session(owner=user)
     cookie = await login_cookie(user)
     boundary = "XXB"
-    part = 'Content-Disposition: form-data; name="foo"\r\n\r\nbar'
+    part = 'Content-Disposition: form-data; name="scope"\r\n\r\npublish'
     body = f"--{boundary}\r\n{part}\r\n--{boundary}--\r\n"
     headers = {**csrf_headers(cookie), "content-type": f"multipart/form-data; boundary={boundary}"}
     response = await call(
         "POST", f"/session/{session_id}/token", headers=headers, body=body.encode()
     )
     assert response.status == 200, response.body
-    assert response.json()["scope"] == "read"
+    assert response.json()["scope"] == "publish"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"scope":"publish"}', b"foo=bar"],  # JSON sent as a form (curl -d), a typo
+)
+async def test_token_endpoint_refuses_form_fields_it_does_not_know(make_session, make_user, body):
+    # It used to ignore them and answer a read token: the caller never learnt of the mistake.
+    user = await make_user("owner")
+    session_id = await make_session(owner=user)
+    headers = {
+        **csrf_headers(await login_cookie(user)),
+        "content-type": "application/x-www-form-urlencoded",
+    }
+    response = await call("POST", f"/session/{session_id}/token", headers=headers, body=body)
+    assert assert_error(response, 400, "invalid_request")["field"] == body.split(b"=")[0].decode()
+
+
+async def test_create_session_refuses_unknown_fields(make_user):
+    cookie = await login_cookie(await make_user("creator"))
+    response = await call(
+        "POST", "/session", headers=csrf_headers(cookie), json_body={"title": "x", "bogus": 1}
+    )
+    assert assert_error(response, 400, "invalid_request")["field"] == "bogus"
+
+
+async def test_body_that_is_not_utf8_says_so(make_session):
+    session_id = await make_session()
+    response = await call(
+        "POST", f"/session/{session_id}/events",
+        headers=bearer(issue_token(session_id, ["publish"])), body=b'{"type":"\xff\xfe"}',
+    )  # fmt: skip
+    assert "not valid UTF-8" in assert_error(response, 400, "invalid_json")["error"]
+
+
+async def test_a_form_with_too_many_fields_is_a_json_400(make_session, make_user):
+    user = await make_user("owner")
+    session_id = await make_session(owner=user)
+    headers = {
+        **csrf_headers(await login_cookie(user)),
+        "content-type": "application/x-www-form-urlencoded",
+    }
+    body = "&".join(f"f{n}=1" for n in range(1200)).encode()
+    response = await call("POST", f"/session/{session_id}/events", headers=headers, body=body)
+    assert_error(response, 400, "invalid_request")
 
 
 async def test_closed_session_snapshot_has_the_open_shape(make_session):

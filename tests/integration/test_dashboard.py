@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,21 @@ async def test_dashboard_is_for_staff_and_lists_every_session(make_session, staf
     assert b'id="dashboard-config"' in response.body
     assert f'href="/sessions/{sid}/"'.encode() in response.body
     assert f'href="/admin/agent_sessions/agentsession/{sid}/change/"'.encode() in response.body
+
+
+async def test_dashboard_hands_its_script_the_live_subscribers_urls(make_session, staff_cookie):
+    sid = await make_session(title="watched")
+    response = await call("GET", "/", headers={"cookie": staff_cookie})
+    match = re.search(
+        rb'<script id="dashboard-config" type="application/json">(.*?)</script>', response.body
+    )
+    assert match, "no dashboard-config"
+    config = json.loads(match.group(1))
+    session, subscriber = config["placeholder"], config["subscriberPlaceholder"]
+    assert config["urls"]["subscribers"] == f"/session/{session}/subscribers"
+    assert config["urls"]["disconnect"] == f"/session/{session}/subscribers/{subscriber}/disconnect"
+    assert b'id="session-detail"' in response.body
+    assert f'data-session-id="{sid}"'.encode() in response.body
 
 
 async def test_non_staff_get_no_dashboard(make_session, make_user):

@@ -56,8 +56,35 @@ async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_
         "token": f"/session/{sid}/token",
         "demo": f"/sessions/{sid}/demo",
         "list": "/sessions/",
+        "publish": f"/session/{sid}/events",
+        "subscribers": None,
+        "disconnect": None,
     }
     assert config["maxQueued"] == {"min": 16, "max": 2048, "default": 256}
+    assert (config["maxQueuedBytes"], config["isOperator"]) == (2 * 1024 * 1024, False)
+
+
+async def test_owner_gets_the_publish_console_but_not_the_live_subscribers(make_user, make_session):
+    owner = await make_user("alice")
+    sid = await make_session(owner=owner)
+    response = await call("GET", f"/sessions/{sid}/", headers={"cookie": await login_cookie(owner)})
+    assert b'id="publish-form"' in response.body
+    assert b'id="subscribers"' not in response.body
+
+
+async def test_staff_get_the_live_subscribers_and_their_urls(make_user, make_session):
+    sid = await make_session(owner=await make_user("alice"))
+    cookie = await login_cookie(await make_user("root", is_staff=True))
+    response = await call("GET", f"/sessions/{sid}/", headers={"cookie": cookie})
+    assert b'id="subscribers"' in response.body
+    assert b'id="publish-form"' in response.body
+    config = page_config(response.body)
+    placeholder = config["subscriberPlaceholder"]
+    assert config["isOperator"] is True
+    assert config["urls"]["subscribers"] == f"/session/{sid}/subscribers"  # type: ignore[index]
+    assert config["urls"]["disconnect"] == (  # type: ignore[index]
+        f"/session/{sid}/subscribers/{placeholder}/disconnect"
+    )
 
 
 async def test_session_page_of_another_users_session_is_the_404_page(make_user, make_session):

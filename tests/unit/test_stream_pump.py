@@ -70,6 +70,34 @@ async def test_without_idle_timeout_a_slow_send_is_waited_for():
     assert b"event: t" in sent[0]["body"]
 
 
+async def test_bytes_sent_counts_every_body_byte_the_pump_wrote_once_send_returned():
+    # Operators' bytes per second (GET /session/<id>/subscribers) start from this counter.
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    for n in range(3):
+        bus.publish({"type": "t", "data": n})
+    bus.close()
+    async with asyncio.timeout(5):
+        await pump_frames(sub, send, 60)
+    assert sub.bytes_sent == sum(len(m["body"]) for m in sent) > 0
+
+
+async def test_bytes_sent_does_not_count_a_send_that_never_returned():
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    _, send = stuck_after(0)
+    bus.publish({"type": "t", "data": 1})
+    async with asyncio.timeout(5):
+        with pytest.raises(WriterIdleTimeoutError):
+            await pump_frames(sub, send, 60, writer_idle_timeout_s=0.05)
+    assert sub.bytes_sent == 0
+
+
 async def test_streams_sharing_an_empty_encoder_frame_each_event_once():
     # EB-18: an event fanned out to many subscribers is framed once. (Regression: an
     # empty FrameEncoder is falsy, and `encoder or FrameEncoder()` gave each stream its own.)

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agent_sessions', '0002_operator_records'),
+        ('agent_sessions', '0003_subscriber_operator_disconnect'),
         ('auth', '0012_alter_user_first_name_max_length'),
     ]
 

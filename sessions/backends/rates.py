@@ -1,0 +1,82 @@
+"""Bytes per second of each subscriber, sampled when operators look (never per frame).
+
+The transport adds the size of each ``send`` to ``Subscription.bytes_sent`` (one integer
+add per batch). :class:`ByteRates` turns that counter into a rate *between two samples*:
+each time a subscriber's row is built (an operator's request, a process report every
+``PROCESS_TTL_S / 4``), the rate is the bytes sent since the previous sample divided by
+the time between them, once that sample is at least ``window_s`` old; a row built sooner
+repeats the last rate, so callers asking often (several dashboards) never shrink the
+window to noise. The first sample of a subscription gives its rate over its life so far
+(``bytes_sent`` since ``since``). A subscriber that stopped reading therefore drops to 0
+within one window, and one that is catching up shows its real throughput.
+
+Samples are kept in a weak mapping keyed by the subscription: nothing to prune, nothing
+kept for a subscriber that is gone. Everything runs on the server's event loop (EB-11);
+nothing here awaits or raises.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from sessions.bus import Subscription
+
+__all__ = ["RATE_WINDOW_S", "ByteRates"]
+
+RATE_WINDOW_S: Final = 1.0
+"""Shortest time (seconds) between the two samples a rate is computed from."""
+
+
+@dataclass(slots=True)
+class _Sample:
+    at_s: float  # the clock's seconds when taken
+    bytes_sent: int
+    rate: float  # bytes per second between the previous sample and this one
+
+
+class ByteRates:
+    """Per-subscription bytes per second between two samples (module docstring).
+
+    Args:
+        window_s: the shortest time between the two samples of a rate (seconds, > 0).
+        clock: monotonic seconds (``time.monotonic``; tests pass their own).
+        wall_clock: epoch seconds, to compare with ``Subscription.since`` for the first
+            sample (``time.time``).
+    """
+
+    def __init__(
+        self,
+        window_s: float = RATE_WINDOW_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._samples: weakref.WeakKeyDictionary[Subscription, _Sample] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def rate(self, subscription: Subscription) -> int:
+        """Return ``subscription``'s bytes per second (rounded down, >= 0), sampling it.
+
+        Never raises, never awaits; O(1).
+        """
+        now = self._clock()
+        sent = subscription.bytes_sent
+        sample = self._samples.get(subscription)
+        if sample is None:
+            life_s = self._wall_clock() - subscription.since
+            rate = sent / life_s if life_s > 0 else 0.0
+            self._samples[subscription] = _Sample(now, sent, rate)
+        elif now - sample.at_s >= self.window_s:
+            rate = max(0, sent - sample.bytes_sent) / (now - sample.at_s)
+            sample.at_s, sample.bytes_sent, sample.rate = now, sent, rate
+        else:
+            rate = sample.rate
+        return int(rate)
