@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
+.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,11 +14,17 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
+# What the tests need from the system (Debian's packages; root, as on CI): Node for the
+# parser tests, Chromium for the browser tests (never a test tool's own browser download).
+system-deps:
+	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs; }
+	@[ -x /usr/bin/chromium ] || { apt-get update -qq && apt-get install -y -qq chromium; }
+
 # `make demo ARGS="--port 8765"` passes options to `manage.py demo` (see its --help).
 demo: $(STAMP)
 	$(PY) manage.py demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	node --test tests/js/
 	$(PY) -m pytest
 
