@@ -217,11 +217,12 @@ def post_json(port: int, target: str, method: str = "POST", timeout_s: float = 1
         return json.loads(response.read())
 
 
-def migrate_template(workdir: Path) -> Path:
-    db = workdir / "template.sqlite3"
+def migrate_template(workdir: Path, tree: Path = REPO, name: str = "template") -> Path:
+    """A database migrated by ``tree``'s own migrations (each checkout gets its schema)."""
+    db = workdir / f"{name}.sqlite3"
     env = os.environ.copy()
     env.update(DATABASE_URL=f"sqlite:///{db}", DJANGO_SETTINGS_MODULE="qwenweb.settings")
-    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=REPO, env=env, check=True, timeout=300)
+    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=tree, env=env, check=True, timeout=300)
     return db
 
 
@@ -386,7 +387,9 @@ class Bench:
         self.contenders = CONTENDERS + ((QW_BASELINE,) if baseline_tree else ())
         self.servers = {name: Server(name, workdir, self.template) for name in self.contenders}
         if baseline_tree is not None:
-            self.servers[QW_BASELINE].tree = baseline_tree
+            baseline = self.servers[QW_BASELINE]
+            baseline.tree = baseline_tree
+            baseline.template_db = migrate_template(workdir, baseline_tree, "baseline")
         self.results: dict[str, Any] = {}
         self.tables: list[str] = []
 
