@@ -40,6 +40,7 @@ __all__ = [
     "authenticate",
     "can_view",
     "check_access",
+    "check_access_by_row",
     "check_token_scope",
     "ensure_current",
     "is_operator",
@@ -332,3 +333,19 @@ def check_access(principal: Principal, session_id: str, owner_id: int | None, sc
         check_token_scope(principal, session_id, scope)
     elif not (principal.is_staff or (owner_id is not None and owner_id == principal.user_id)):
         raise ApiError(404, "not_found", "unknown session")
+
+
+async def check_access_by_row(principal: Principal, session_id: str, scope: str) -> None:
+    """:func:`check_access` with the owner read from the session's database row.
+
+    For a request the event store cannot serve now (a 503): a logged-in user who may not
+    see the session must get the 404 of an unknown one first, or an outage would tell
+    which ids exist. Raises ``ApiError`` 404/403 as :func:`check_access` (404 as well when
+    there is no row); ``django.db.DatabaseError`` when the database fails.
+    """
+    from sessions.queries import session_row
+
+    row = await session_row(session_id)
+    if row is None:
+        raise ApiError(404, "not_found", "unknown session")
+    check_access(principal, session_id, row.owner_id, scope)

@@ -43,6 +43,7 @@ from sessions.auth import (
     Principal,
     authenticate,
     check_access,
+    check_access_by_row,
     check_token_scope,
     ensure_current,
 )
@@ -268,6 +269,7 @@ class SessionEventStream:
         except SessionNotFoundError:
             raise ApiError(404, "not_found", "unknown session") from None
         except BackendUnavailableError as exc:
+            await check_access_by_row(principal, session_id, "read")  # an outage tells no ids
             raise backend_unavailable(exc) from None
         except SessionClosedError as closed:
             check_access(principal, session_id, closed.owner_id, "read")  # EB-12 before EB-15

@@ -23,11 +23,13 @@ from sessions.auth import (
     Principal,
     authenticate,
     check_access,
+    check_access_by_row,
     check_token_scope,
     issue_current_token,
 )
 from sessions.backends import get_backend
 from sessions.backends.base import (
+    BackendUnavailableError,
     IdempotencyKey,
     IdempotencyKeyReusedError,
     LiveSession,
@@ -210,6 +212,9 @@ async def _open_session(principal: Principal, session_id: str, scope: str) -> Li
         live = await get_backend().get_live_session(session_id)
     except SessionNotFoundError:
         raise ApiError(404, "not_found", "unknown session") from None
+    except BackendUnavailableError:
+        await check_access_by_row(principal, session_id, scope)  # an outage tells no ids
+        raise
     except SessionClosedError as closed:
         check_access(principal, session_id, closed.owner_id, scope)
         raise

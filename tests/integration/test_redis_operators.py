@@ -398,3 +398,24 @@ async def test_feed_events_go_to_local_dashboards_only_even_with_eventstream_rel
     events = listener.channel_items[operator_feed.OPERATOR_CHANNEL]
     assert [e.type for e in events] == ["stats", "activity"]
     assert relayed == []
+
+
+@pytest.mark.asyncio
+async def test_an_outage_tells_a_non_owner_nothing_about_which_ids_exist(
+    refused_redis_url, closes_backend, make_user
+):
+    # Existence (docs/protocol.md, "Where this differs"): with Redis down, another user's
+    # session must answer the 404 of an unknown one, not the owner's 503.
+    from tests.integration.conftest import assert_error, call, login_cookie
+
+    owner, stranger = await make_user("owner"), await make_user("stranger")
+    row = await AgentSession.objects.acreate(title="theirs", owner=owner)
+    unknown = "00000000-0000-4000-8000-000000000000"
+    cookie = await login_cookie(stranger)
+    for path in (f"/session/{row.id}", f"/session/{row.id}/events"):
+        mine = await call("GET", path, headers={"cookie": await login_cookie(owner)})
+        theirs = await call("GET", path, headers={"cookie": cookie})
+        missing = await call("GET", path.replace(row.id, unknown), headers={"cookie": cookie})
+        assert_error(mine, 503, "backend_unavailable")
+        assert (theirs.status, theirs.body) == (missing.status, missing.body)
+        assert_error(theirs, 404, "not_found")
