@@ -12,20 +12,18 @@ import asyncio
 import json
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sessions.wire import ServerSentEvent
-from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
     ServerProcess,
     open_stream,
-    start_redis_server,
+    redis_cluster,
     wait_for,
 )
 from tests.support.staff import StaffClient, staffed_database
@@ -48,21 +46,11 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def start(database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process in this test's cluster (Redis backend, own prefix)."""
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    started: list[ServerProcess] = []
-
-    def _start(name: str) -> ServerProcess:
-        server = start_redis_server(
-            database, REDIS_URL, prefix, tmp_path / f"{name}.log",
-            QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S),
-        )  # fmt: skip
-        started.append(server)
-        return server
-
-    yield _start
-    for server in started:
-        server.stop()
-    delete_run_keys(prefix, REDIS_URL)
+    with redis_cluster(
+        database, REDIS_URL, tmp_path,
+        QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S),
+    ) as start_server:  # fmt: skip
+        yield start_server
 
 
 def cell(page: str, session_id: str, field: str) -> str:

@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
     ServerProcess,
     open_stream,
-    start_redis_server,
+    redis_cluster,
     wait_for,
 )
 from tests.support.staff import USERNAME, StaffClient, staffed_database
@@ -48,21 +46,11 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def start(database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process of this test's cluster (Redis, a prefix of its own)."""
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    started: list[ServerProcess] = []
-
-    def _start(name: str) -> ServerProcess:
-        server = start_redis_server(
-            database, REDIS_URL, prefix, tmp_path / f"{name}.log",
-            QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S), QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.2",
-        )  # fmt: skip
-        started.append(server)
-        return server
-
-    yield _start
-    for server in started:
-        server.stop()
-    delete_run_keys(prefix, REDIS_URL)
+    with redis_cluster(
+        database, REDIS_URL, tmp_path,
+        QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S), QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.2",
+    ) as start_server:  # fmt: skip
+        yield start_server
 
 
 async def poll(check: Callable[[], Any], what: str) -> Any:

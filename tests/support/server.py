@@ -7,15 +7,17 @@ importing the bus (style.md, Tests).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,33 @@ def start_redis_server(
         },
     )
     return ServerProcess(serve_argv(port), port, env, log_path).start()
+
+
+@contextlib.contextmanager
+def redis_cluster(
+    database: Path, redis_url: str, log_dir: Path, **extra_env: str
+) -> Iterator[Callable[[str], ServerProcess]]:
+    """``start(name)``: a ``qwenweb.serve`` process of one cluster (Redis backend, a key
+    prefix of its own, :func:`start_redis_server` with ``extra_env``). On exit every
+    process started is stopped and the prefix's keys are deleted."""
+    from tests.support.backend import delete_run_keys
+
+    prefix = f"qwtest-{secrets.token_hex(4)}"
+    started: list[ServerProcess] = []
+
+    def start(name: str) -> ServerProcess:
+        server = start_redis_server(
+            database, redis_url, prefix, log_dir / f"{name}.log", **extra_env
+        )
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+        delete_run_keys(prefix, redis_url)
 
 
 def daphne_argv(port: int) -> list[str]:
