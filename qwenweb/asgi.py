@@ -3,7 +3,8 @@
 ``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventStream`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
-including ``POST`` to the same path, goes to Django.
+including ``POST`` to the same path, goes to Django. The ASGI ``lifespan`` scope goes to
+:data:`sessions.ops.lifecycle.lifespan_app`.
 """
 
 import os
@@ -18,6 +19,7 @@ django_application: Any = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
@@ -25,6 +27,9 @@ stream_application: Any = SessionEventStream(django_application)
 
 application = ProtocolTypeRouter(
     {
+        # Startup attaches the server loop, shutdown ends the streams and flushes the
+        # records (sessions.ops.lifecycle.LifespanApp).
+        "lifespan": lifespan_app,
         "http": URLRouter(
             [
                 path(
