@@ -20,12 +20,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
+from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
 stream_application: Any = SessionEventStream(django_application)
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         # Startup attaches the server loop, shutdown ends the streams and flushes the
         # records (sessions.ops.lifecycle.LifespanApp).
@@ -41,3 +42,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# HTTP/2 clients may split their cookies into several headers: join them first
+# (sessions.transport.cookies).
+application = JoinCookieHeaders(router)
