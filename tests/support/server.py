@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -100,8 +101,19 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
+        """SIGTERM (then SIGKILL, bounded); then SIGKILL whatever of its tree is left (a
+        granian worker outlives a main process that was killed)."""
         if self.process is not None:
+            tree = self.pids() if self.process.poll() is None else []
             stop_process(self.process)
+            _kill_all(tree[1:])
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the server and every process of its tree at once (a crash of the whole
+        server: granian's workers would outlive their main process otherwise)."""
+        assert self.process is not None
+        _kill_all(self.pids())
+        self.process.wait(timeout=timeout_s)
 
     def pids(self) -> list[int]:
         """The server process and all its descendants (granian's workers), while alive."""
@@ -143,6 +155,12 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _kill_all(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
