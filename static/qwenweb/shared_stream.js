@@ -283,7 +283,14 @@ export class LeaderElection {
           this._claiming = false; // someone else claimed first
           return;
         }
-        this._write();
+        if (!this._write()) {
+          // No usable localStorage (privacy settings, quota): no way to agree with the
+          // other tabs, so this one holds its own stream (followers skip duplicate ids).
+          this._claiming = false;
+          this._leader = true;
+          safeCall(this._onElected);
+          return;
+        }
         this._setTimeout(
           () => {
             this._claiming = false;

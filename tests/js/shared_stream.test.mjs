@@ -428,6 +428,25 @@ describe("LeaderElection over a localStorage lease (no Web Locks)", () => {
   });
 });
 
+describe("LeaderElection without usable storage", () => {
+  test("a tab whose localStorage refuses writes leads its own stream instead of waiting forever", T, async () => {
+    const events = [];
+    const timers = [];
+    const election = new LeaderElection({
+      name: "n", tabId: "a", mode: "lease",
+      storage: { getItem: () => null, setItem: () => { throw new Error("QuotaExceededError"); }, removeItem: () => {} },
+      channel: channelHub()("n:election"),
+      addStorageListener: () => () => {},
+      setInterval: () => 0, clearInterval: () => {},
+      setTimeout: (fn) => timers.push(fn),
+      onElected: () => events.push("elected"),
+    }).start();
+    for (const fn of timers.splice(0)) fn();
+    assert.deepEqual(events, ["elected"]);
+    assert.equal(election.isLeader, true);
+  });
+});
+
 describe("SharedFeed (the dashboard)", () => {
   test("one EventSource for two dashboard tabs; the follower gets its events; handover opens a new one", T, async () => {
     const createChannel = channelHub();
