@@ -7,7 +7,7 @@
 // what happened (subscriber joined/left, slow_client_warning, client_evicted, session
 // opened/closed). The page updates its rows, tiles and plots in place; it never reloads.
 // EventSource reconnects by itself; missed activity is gone, the next `stats` repairs counts.
-// The dashboard tabs of one browser share one feed connection (./shared_stream.js
+// The dashboard tabs of one browser share one feed connection (./shared_feed.js
 // SharedFeed: one tab holds the EventSource and posts its events to the others), and a feed
 // without an answer after 5 s shows that the browser waits for a free connection.
 //
@@ -19,7 +19,7 @@
 // DOM part runs only in a browser.
 
 import { ConnectionWaitNotice } from "./connection_wait.js";
-import { SharedFeed } from "./shared_stream.js";
+import { SharedFeed } from "./shared_feed.js";
 import { SubscribersTable } from "./subscribers.js";
 
 const SVG_NS = "http://www.w3.org/2000/svg";

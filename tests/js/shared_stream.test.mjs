@@ -1,4 +1,4 @@
-// Tests of static/qwenweb/shared_stream.js: leader election (Web Locks and the localStorage
+// Tests of static/qwenweb/shared_stream.js, leader_election.js and shared_feed.js: leader election (Web Locks and the localStorage
 // lease) and SharedStream's sharing, handover and detach, with in-memory fakes of the
 // browser's BroadcastChannel, Web Locks and localStorage. No test waits on the wall clock:
 // timers are injected and fired by hand; `until()` yields to the event loop a bounded
@@ -6,7 +6,9 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { LeaderElection, SharedFeed, SharedStream, electionMode } from "../../static/qwenweb/shared_stream.js";
+import { LeaderElection, electionMode } from "../../static/qwenweb/leader_election.js";
+import { SharedFeed } from "../../static/qwenweb/shared_feed.js";
+import { SharedStream } from "../../static/qwenweb/shared_stream.js";
 
 const T = { timeout: 5000 };
 
