@@ -169,6 +169,26 @@ async def test_sigterm_ends_http1_and_http2_streams_and_exits_in_time(
     )
 
 
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_proxy_headers_give_the_client_address_from_the_local_proxy(
+    start: Callable[..., ServerProcess], e2e_database: Path
+) -> None:
+    server = start("--proxy-headers", QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.1")
+    session = RemoteSession.create(server.base_url)
+    stream = await open_stream(
+        server.port, session.events_path, session.read_token, [("X-Forwarded-For", "203.0.113.7")]
+    )
+    try:
+        assert await asyncio.to_thread(
+            wait_for, lambda: len(connections(e2e_database, session.id)) == 1, 10
+        )
+        (row,) = connections(e2e_database, session.id)
+        assert row["client_addr"] == "203.0.113.7"  # from 127.0.0.1: believed
+    finally:
+        await stream.aclose()
+
+
 # -- limits --------------------------------------------------------------------------------
 
 
