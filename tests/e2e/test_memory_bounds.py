@@ -205,8 +205,7 @@ def test_a_second_memory_process_on_the_database_does_not_serve_a_held_session(
         assert other.publish("note") >= 1
         assert session.publish("note", "second") >= 2
         token = issue_token(session.id, ["read"], "e2e")
-        assert request_json("GET", f"{memory_server.base_url}/session/{session.id}", None, token)[
-            0
-        ] == 200
+        first_url = f"{memory_server.base_url}/session/{session.id}"
+        assert request_json("GET", first_url, None, token)[0] == 200
     finally:
         second.stop()
