@@ -70,7 +70,8 @@ def redis_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(params=["memory", "redis"])
 def server(request: pytest.FixtureRequest) -> ServerProcess:
-    return request.getfixturevalue(f"{request.param}_server")  # type: ignore[no-any-return]
+    found: ServerProcess = request.getfixturevalue(f"{request.param}_server")
+    return found
 
 
 class Publisher:
