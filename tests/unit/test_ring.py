@@ -33,7 +33,7 @@ def frame(event_id: int, size: int = 10) -> Frame:
 
 def test_published_frame_keeps_only_its_bytes_and_parses_on_demand() -> None:
     bus = EventBus(10)
-    data = [{} for _ in range(1000)]
+    data: list[dict[str, int]] = [{} for _ in range(1000)]
     published = bus.publish({"type": "objects", "data": data})
     assert published is not None
     assert published._fields is None  # the parsed data is not held
