@@ -73,11 +73,6 @@ class RingBudget:
     def _add(self, ring: Ring) -> None:
         self._rings.add(ring)
 
-    def _charge(self, nbytes: int) -> None:
-        self.total_bytes += nbytes
-        if self.total_bytes > self.max_bytes and not self._relieving:
-            self._relieve()
-
     def _relieve(self) -> None:
         """Drop the oldest events across all rings down to the low-water mark."""
         self._relieving = True
@@ -184,18 +179,28 @@ class Ring:
         The newest event always stays (a ring never empties itself on append), except
         when the process budget needs its bytes.
         """
-        size = held_bytes(frame)
-        self._frames.append(frame)
-        self._at.append(self._clock())
-        self.nbytes += size
-        while len(self._frames) > 1 and (
-            len(self._frames) > self.max_events or self.nbytes > self.max_bytes
-        ):
-            self._drop_oldest()
+        # held_bytes() and _drop_oldest() inlined: this runs once per published event.
+        size = frame.nbytes + FRAME_OVERHEAD_BYTES
+        frames, at = self._frames, self._at
+        frames.append(frame)
+        at.append(self._clock())
+        held = self.nbytes + size
+        change = size
+        while len(frames) > self.max_events or held > self.max_bytes:
+            if len(frames) == 1:
+                break
+            dropped = frames.popleft().nbytes + FRAME_OVERHEAD_BYTES
+            at.popleft()
+            held -= dropped
+            change -= dropped
+        self.nbytes = held
         if self.max_age_s:
             self.expire()
-        if self._budget is not None:
-            self._budget._charge(size)
+        budget = self._budget
+        if budget is not None:
+            budget.total_bytes += change
+            if budget.total_bytes > budget.max_bytes and not budget._relieving:
+                budget._relieve()
 
     def expire(self) -> int:
         """Drop events older than ``max_age_s`` (no-op when 0); return how many."""
