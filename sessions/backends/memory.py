@@ -39,7 +39,7 @@ from django.utils import timezone
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
-from sessions.bus import Frame
+from sessions.bus import Frame, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.models import AgentSession
@@ -99,7 +99,33 @@ class MemoryBackend(Backend):
         *,
         idempotency: IdempotencyKey | None = None,
     ) -> Published | None:
-        return self._publish_once(live, event, idempotency)
+        return self._publish_once(await self._current(live), event, idempotency)
+
+    async def subscribe(
+        self,
+        live: LiveSession,
+        *,
+        last_event_id: int | None = None,
+        max_queued: int,
+        epoch: str | None = None,
+        label: str = "-",
+        details: Mapping[str, Any] | None = None,
+    ) -> tuple[LiveSession, Subscription]:
+        return await super().subscribe(
+            await self._current(live),
+            last_event_id=last_event_id,
+            max_queued=max_queued,
+            epoch=epoch,
+            label=label,
+            details=details,
+        )
+
+    async def _current(self, live: LiveSession) -> LiveSession:
+        """``live``, or the session's new bus if ``live``'s was unloaded (idle) meanwhile:
+        nothing is published into, or read from, a bus nobody else can reach."""
+        if self.registry.get(live.session_id) is live or live.bus.closed:
+            return live
+        return await self.get_live_session(live.session_id)
 
     def _publish_once(
         self, live: LiveSession, event: Mapping[str, Any], idempotency: IdempotencyKey | None
@@ -184,7 +210,9 @@ class MemoryBackend(Backend):
                     await self.unload_idle(now)
                 if now - renewed_at >= config.session_hold_ttl_s / 3 and len(self.registry):
                     await database_sync_to_async(rows.renew_holds)(
-                        rows.process_holder(), config.session_hold_ttl_s
+                        rows.process_holder(),
+                        config.session_hold_ttl_s,
+                        [live.session_id for live in self.registry.values()],
                     )
                     renewed_at = now
             except Exception as exc:  # never dies; a database that is down is logged
@@ -204,7 +232,11 @@ class MemoryBackend(Backend):
                 self.registry.pop(live.session_id)
                 unloaded.append(live)
         for live in unloaded:
-            await self.save_progress(live, held_by="", held_until=None)
+            await self.save_progress(live)
+            if self.registry.get(live.session_id) is None:  # (not reloaded meanwhile)
+                await database_sync_to_async(rows.release_holds)(
+                    rows.process_holder(), [live.session_id]
+                )
         if unloaded:
             logger.info("buses_unloaded count=%d reason=idle idle_s=%g", len(unloaded), idle_s)
         return len(unloaded)

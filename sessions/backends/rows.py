@@ -121,11 +121,20 @@ def load_and_reserve(
     return row, start_id, reserved_until
 
 
-def renew_holds(holder: str, hold_ttl_s: float) -> int:
-    """Extend every open row ``holder`` holds by ``hold_ttl_s`` s (one UPDATE); how many."""
-    return AgentSession.objects.filter(held_by=holder, status=AgentSession.Status.OPEN).update(
-        held_until=timezone.now() + timedelta(seconds=hold_ttl_s)
-    )
+def renew_holds(holder: str, hold_ttl_s: float, session_ids: list[str]) -> int:
+    """Extend ``holder``'s hold on the open rows of ``session_ids`` by ``hold_ttl_s`` s,
+    taking back any of them whose hold was let go (``held_by`` empty); how many.
+
+    A few UPDATEs (500 ids each)."""
+    until = timezone.now() + timedelta(seconds=hold_ttl_s)
+    renewed = 0
+    for start in range(0, len(session_ids), 500):
+        renewed += AgentSession.objects.filter(
+            pk__in=session_ids[start : start + 500],
+            held_by__in=(holder, ""),
+            status=AgentSession.Status.OPEN,
+        ).update(held_by=holder, held_until=until)
+    return renewed
 
 
 def release_holds(holder: str, session_ids: list[str] | None = None) -> int:

@@ -133,6 +133,8 @@ async def test_idle_bus_is_unloaded_and_reloaded_with_a_new_epoch(
     sid = await make_session()
     first = (await publish_event(sid, {"type": "a"})).json()
     backend = as_memory()
+    stale = backend.registry.get(sid)
+    assert stale is not None
     assert await backend.unload_idle(1000.0) == 0  # first sight: marked
     assert await backend.unload_idle(1029.0) == 0
     assert await backend.unload_idle(1030.0) == 1  # 30 s without publish or subscriber
@@ -141,6 +143,10 @@ async def test_idle_bus_is_unloaded_and_reloaded_with_a_new_epoch(
     assert row.held_by == ""
     second = (await publish_event(sid, {"type": "b"})).json()
     assert second["epoch"] != first["epoch"]
+    # A request that held the unloaded session publishes into the new bus, never the old.
+    third = await backend.publish(stale, {"type": "c"})
+    assert third is not None
+    assert (third.epoch, third.id) == (second["epoch"], second["id"] + 1)
     assert second["id"] > row.event_id_reserved - 100_000  # above every reserved id
     stream = await stream_of(
         sid, headers={"last-event-id": str(first["id"]), "x-event-epoch": first["epoch"]}
