@@ -31,6 +31,7 @@ from sessions.bus import (
 
 __all__ = [
     "ENV_OVERRIDES",
+    "SNAPSHOT_MAX_LIMIT",
     "QwenwebConfig",
     "config_errors",
     "default_ring_bytes_total",
@@ -84,6 +85,8 @@ ENV_OVERRIDES: Final = {
     "PUBLISH_BYTES_PER_S": "QWENWEB_PUBLISH_BYTES_PER_S",
     "IDLE_UNLOAD_S": "QWENWEB_IDLE_UNLOAD_S",
     "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
+    "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
+    "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -117,6 +120,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "PUBLISH_BYTES_PER_S": 64 * _MIB,
     "IDLE_UNLOAD_S": 0.0,  # off
     "SESSION_HOLD_TTL_S": 30.0,
+    "SNAPSHOT_LIMIT": 500,
+    "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
 
 # key -> (kind, minimum, maximum)
@@ -145,7 +150,11 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "PUBLISH_BYTES_PER_S": (int, 1024, MAX_SAFE_INTEGER),
     "IDLE_UNLOAD_S": (float, 0, 30 * 24 * 3600),
     "SESSION_HOLD_TTL_S": (float, 1, 3600),
+    "SNAPSHOT_LIMIT": (int, 1, 5000),
+    "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
+#: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
+SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -193,6 +202,10 @@ class QwenwebConfig:
     idle_unload_s: float
     #: Memory backend: how long a process's hold on a session lasts without renewal.
     session_hold_ttl_s: float
+    #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
+    snapshot_limit: int
+    #: Byte cap of a snapshot's events (the newest event is answered even if larger).
+    snapshot_max_bytes: int
 
 
 def _raw_values() -> dict[str, Any]:
