@@ -15,10 +15,17 @@ $(STAMP): requirements.txt requirements-dev.txt
 setup: $(STAMP)
 
 # What the tests need from the system (Debian's packages; root, as on CI): Node for the
-# parser tests, Chromium for the browser tests (never a test tool's own browser download).
-system-deps:
+# parser tests, Chromium for the browser tests (never a test tool's own browser download),
+# and npm for axe-core (package.json / package-lock.json: `npm ci` into node_modules/, which
+# the accessibility tests inject into the pages).
+system-deps: node_modules/.installed
 	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs; }
 	@[ -x /usr/bin/chromium ] || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 # `make demo ARGS="--port 8765"` passes options to `manage.py demo` (see its --help).
 demo: $(STAMP)
@@ -47,7 +54,7 @@ test-redis: $(STAMP)
 	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
-test-browser: $(STAMP)
+test-browser: $(STAMP) system-deps
 	$(PY) -m pytest -m browser tests/browser
 
 # Re-take docs/session-page-*.png from the browser tests that reach those states.

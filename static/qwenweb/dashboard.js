@@ -20,6 +20,7 @@ import { SubscribersTable } from "./subscribers.js";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_ACTIVITY = 60;
 const SPARK_WINDOW_MS = 120_000;
+const STALE_AFTER_MS = 3500;
 
 /** Events per second between consecutive points `[t_ms, published, subscribers]`.
  * Returns `[[t_ms, rate]]` (one fewer than points). A drop of `published` (a bus rebuilt or
@@ -199,12 +200,22 @@ class Dashboard {
     const source = new EventSource(this.config.feedUrl);
     source.addEventListener("stream-open", () => show("live", "live"));
     source.addEventListener("open", () => show("live", "live"));
-    source.addEventListener("error", () => show("reconnecting", "reconnecting…"));
+    source.addEventListener("error", () => {
+      show("reconnecting", "reconnecting…");
+      this.setStale(true);
+    });
     source.addEventListener("stream-error", (event) => {
-      show("reconnecting", "refused");
+      show("reconnecting", "the server refused the feed: reload the page (log in as staff)");
       console.warn("operator feed refused", event.data);
       source.close();
+      this.setStale(true);
     });
+    // Stats come every second: none for STALE_AFTER_MS means the numbers are old, even
+    // when the connection has not reported an error yet (a stalled server or network).
+    this.lastStatsAt = Date.now();
+    setInterval(() => {
+      if (Date.now() - this.lastStatsAt > STALE_AFTER_MS) this.setStale(true);
+    }, 1000);
     source.addEventListener("stats", (event) => this.onStats(JSON.parse(event.data)));
     source.addEventListener("activity", (event) => {
       for (const item of JSON.parse(event.data).items) this.onActivity(item);
@@ -212,7 +223,21 @@ class Dashboard {
     this.source = source;
   }
 
+  /** Grey out every number and say what time they are from while the feed is down. */
+  setStale(stale) {
+    const root = document.querySelector(".dash");
+    const note = document.getElementById("stale-note");
+    if (root === null || note === null) return;
+    root.classList.toggle("stale", stale);
+    note.hidden = !stale;
+    if (stale) {
+      note.textContent = this.statsSeen > 0 ? `values as of ${timeOf(this.lastStatsAt)}` : "no values from the feed yet";
+    }
+  }
+
   onStats(message) {
+    this.lastStatsAt = Date.now();
+    this.setStale(false);
     this.statsSeen += 1;
     document.body.dataset.statsSeen = String(this.statsSeen);
     const seen = new Set();
