@@ -231,7 +231,8 @@ class Dashboard {
     root.classList.toggle("stale", stale);
     note.hidden = !stale;
     if (stale) {
-      note.textContent = this.statsSeen > 0 ? `values as of ${timeOf(this.lastStatsAt)}` : "no values from the feed yet";
+      // Before the first `stats`, the numbers are the ones the page was rendered with.
+      note.textContent = `values as of ${timeOf(this.lastStatsAt)}`;
     }
   }
 

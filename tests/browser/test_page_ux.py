@@ -10,10 +10,13 @@ critical findings on every page. axe-core comes from ``node_modules/`` (``npm ci
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, ViewportSize
+from playwright.sync_api import Page, ViewportSize, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.browser.conftest import RemoteSession, SessionPage, screenshot
@@ -170,3 +173,139 @@ def test_after_drop_connection_the_frame_log_keeps_following_new_events(
     last = session.say("after the reconnect")[-1]
     view.wait_for_id(last)
     expect_row_in_view(page, last, "the frame log stopped following after the reconnect")
+
+
+def evict_paused_reader(view: SessionPage) -> int:
+    """Pause the page at maxQueued=16, publish 64 KiB events until the server evicted its
+    reader (bounded: 2,000 events / 128 MiB); return the number published."""
+    page, session = view.page, view.session
+    page.fill("#max-queued", "16")
+    page.click("#max-queued-form button")
+    expect(page.locator("#max-queued-current")).to_have_text("16")
+    view.expect_state("open")
+    page.click("#pause")
+    expect(page.locator("#paused-chip")).to_be_visible()
+    published = 0
+    while session.subscriber_count() > 0 and published < PUBLISH_CAP:
+        for n in range(25):
+            session.publish("note", {"n": published + n, "blob": BLOB})
+        published += 25
+    assert session.subscriber_count() == 0, "the server never evicted the paused reader"
+    return published
+
+
+def test_a_paused_page_says_within_5_s_that_the_server_evicted_its_reader(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="paused and evicted", ringSize=64)
+    view = SessionPage(page, session).open()
+    evict_paused_reader(view)
+    # Without Resume: the page asks whether its reader is still there while it is paused.
+    view.expect_state("evicted", timeout_ms=5_000)
+    expect(page.locator("#state-reason")).to_contain_text("evicted this reader while reading")
+    expect(page.locator("#paused-chip")).to_have_text("paused · evicted")
+    page.click("#pause")  # resume: the backlog, the eviction frame, the reconnect
+    expect(page.locator("#last-evicted")).to_contain_text("queue_overflow", timeout=20_000)
+    view.expect_state("open", timeout_ms=20_000)
+    expect(page.locator("#notice")).to_be_hidden()  # the eviction notice is no longer true
+    screenshot(page, "session-page-evicted")
+
+
+def test_notices_clear_once_they_are_no_longer_true(page: Page, server: ServerProcess) -> None:
+    session = RemoteSession.create(server.base_url, title="notices")
+    view = SessionPage(page, session).open(install_clock=True)
+    view.freeze_clock()
+    page.click("#drop")
+    expect(page.locator("#notice")).to_contain_text("Connection dropped")
+    view.advance_clock(4_000)  # the reconnect after the retry delay (3 s)
+    view.expect_state("open")
+    expect(page.locator("#notice")).to_be_hidden()
+    page.fill("#max-queued", "16")
+    page.click("#max-queued-form button")
+    view.expect_state("open")
+    expect(page.locator("#notice")).to_be_hidden()
+
+
+def test_frame_log_filters_searches_exports_and_offers_jump_to_latest(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="log tools")
+    view = SessionPage(page, session).open()
+    ids = session.say(*[f"chunk {n} " for n in range(60)])
+    session.publish("turn_complete", {"turn": 1, "stopReason": "end_turn"})
+    view.wait_for_id(ids[-1] + 1)
+    rows = page.locator("#frame-log tbody tr:visible")
+    page.select_option("#log-type", "turn_complete")
+    expect(rows).to_have_count(1)
+    page.select_option("#log-type", "")
+    page.fill("#log-search", "chunk 42 ")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-id", str(ids[42]))
+    page.fill("#log-search", "")
+    page.check("#log-incidents")
+    expect(rows).to_have_count(0)
+    page.uncheck("#log-incidents")
+    with page.expect_download() as download:
+        page.click("#log-export")
+    lines = Path(download.value.path()).read_text().splitlines()
+    exported = [json.loads(line) for line in lines]
+    assert [r["id"] for r in exported if r["kind"] == "event"] == [*ids, ids[-1] + 1]
+    assert exported[-1]["type"] == "turn_complete"
+    # Scrolled up by the user: follow mode is off, new rows are counted, one click jumps.
+    page.locator("#log-scroll").hover()
+    page.mouse.wheel(0, -5_000)
+    expect(page.locator("#log-follow")).not_to_be_checked()
+    last = session.say("a", "b", "c")[-1]
+    view.wait_for_id(last)
+    expect(page.locator("#log-jump")).to_have_text("3 new — jump to latest")
+    page.click("#log-jump")
+    expect_row_in_view(page, last, "jump to latest")
+    expect(page.locator("#log-follow")).to_be_checked()
+    expect(page.locator("#log-jump")).to_be_hidden()
+
+
+def test_start_demo_says_when_an_agent_runs_and_refusals_are_words(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="demo state")
+    SessionPage(page, session).open()
+    page.click("#demo")
+    expect(page.locator("#demo")).to_have_text("Demo agent running")
+    expect(page.locator("#demo")).to_be_disabled()
+    page.reload()  # a page opened while the agent runs says so too
+    expect(page.locator("#demo")).to_have_text("Demo agent running")
+    session.close()
+    expect(page.locator("#state-badge")).to_have_attribute("data-state", "ended")
+    expect(page.locator("#reading")).to_have_text("ended (the session is closed)")
+    expect(page.locator("#reconnects")).to_have_text("0")
+    assert "demo_running" not in page.locator("body").inner_text()
+
+
+def test_dashboard_greys_out_its_values_with_their_time_while_the_feed_is_down(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    server = start_server("serve")
+    RemoteSession.create(server.base_url, title="stale")
+    SessionPage(page, RemoteSession(server.base_url, "")).login("/")
+    expect(page.locator("#feed-state")).to_have_attribute("data-state", "live")
+    expect(page.locator(".dash")).not_to_have_class(re.compile(r"\bstale\b"))
+    expect(page.locator(".topbar-user a", has_text="Dashboard")).to_be_visible()
+    expect(page.locator("body")).to_have_attribute("data-stats-seen", re.compile(r"^[1-9]"))
+    server.stop()
+    expect(page.locator(".dash")).to_have_class(re.compile(r"\bstale\b"))
+    expect(page.locator("#stale-note")).to_have_text(re.compile(r"^values as of \d\d:\d\d:\d\d$"))
+
+
+def test_session_list_shows_the_live_last_id_and_subscribers(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="listed live")
+    view = SessionPage(page, session).open()
+    last = session.say("one ", "two ", "three ")[-1]
+    view.wait_for_id(last)
+    listing = page.context.new_page()  # the session page keeps streaming in the first tab
+    listing.goto(f"{server.base_url}/sessions/")
+    row = listing.locator("tr", has=listing.get_by_role("link", name="listed live"))
+    expect(row.locator('[data-field="lastEventId"]')).to_have_text(str(last))
+    expect(row.locator('[data-field="subscribers"]')).to_have_text("1")
+    listing.close()
