@@ -632,7 +632,12 @@ class SessionPage {
       case "stream_error": {
         note = `${data.error ?? "error"}${data.code ? ` (${data.code}${data.reason ? `: ${data.reason}` : ""})` : ""}; reconnecting`;
         const why = DISCONNECT_REASONS[data.reason] ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
-        this.showSignal("error", envelope, `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}; reconnecting`);
+        const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
+        this.showSignal(
+          "error",
+          envelope,
+          `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`,
+        );
         break;
       }
       default:
@@ -948,12 +953,15 @@ class SessionPage {
     const badge = this.dom.badge;
     badge.dataset.state = "evicted";
     setText(badge, "evicted");
-    const text =
-      "the server evicted this reader while reading was paused (it fell behind); Resume reading to catch up and reconnect with the cursor";
+    const text = "the server evicted this reader while reading was paused: it fell behind";
     setText(this.dom.stateReason, text);
     this.dom.stateReason.title = text;
     this.log.add({ kind: "local", type: "evicted while paused", timeMs: Date.now(), note: "the server no longer lists this page's reader" });
-    this.notify("The server evicted this page's reader while reading was paused. Resume reading to catch up.", "error", ["reconnecting", "stopped", "ended"]);
+    this.notify(
+      "The server evicted this page's reader while reading was paused (its queue was full). Resume reading to catch up: the page reads what was sent, then reconnects with its cursor.",
+      "error",
+      ["reconnecting", "stopped", "ended"],
+    );
     this.renderPanel();
   }
 
@@ -1014,8 +1022,8 @@ class SessionPage {
   }
 
   /**
-   * Show a notice. It hides after a while, or as soon as the stream reaches one of the
-   * states in `clearOn` (e.g. "Connection dropped" once it is open again).
+   * Show a notice. It hides after a while, or, given `clearOn`, as soon as the stream
+   * reaches one of those states (e.g. "Connection dropped" once it is open again).
    */
   notify(text, kind = "info", clearOn = null) {
     const notice = this.dom.notice;
@@ -1024,7 +1032,8 @@ class SessionPage {
     notice.hidden = false;
     this.noticeClearOn = clearOn;
     clearTimeout(this.noticeTimer);
-    this.noticeTimer = setTimeout(() => this.hideNotice(), NOTICE_MS[kind] ?? NOTICE_MS.info);
+    // A notice tied to states stays until it stops being true; others fade after a while.
+    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), NOTICE_MS[kind] ?? NOTICE_MS.info);
   }
 
   hideNotice() {

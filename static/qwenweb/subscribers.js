@@ -146,6 +146,9 @@ export class SubscribersTable {
     result.hidden = true;
     const scroller = document.createElement("div");
     scroller.className = "subs-scroll";
+    scroller.tabIndex = 0; // a scrolling region is reachable from the keyboard (axe)
+    scroller.setAttribute("role", "region");
+    scroller.setAttribute("aria-label", "Live subscribers");
     const table = document.createElement("table");
     table.className = "table subs-table";
     const head = document.createElement("thead");

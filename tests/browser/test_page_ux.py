@@ -27,6 +27,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
 PHONE: ViewportSize = {"width": 390, "height": 844}
 BLOB = "x" * 64 * 1024
+USER_ASKS = {
+    "sessionUpdate": "user_message_chunk",
+    "content": {"type": "text", "text": "Summarise the design of the event bus, please."},
+}
+PARAGRAPH = (
+    "Each session has one event bus: ids from 1, a ring of the last events for replay, and a"
+    " bounded queue per subscriber, so a reader that falls behind is warned, then evicted,"
+    " and nobody else notices."
+)
 PUBLISH_CAP = 2000
 """At most this many 64 KiB events (128 MiB) are published to provoke an eviction."""
 
@@ -65,7 +74,8 @@ def in_view(page: Page, selector: str) -> bool:
 
 def test_session_page_and_list_fit_a_390px_phone(page: Page, server: ServerProcess) -> None:
     session = RemoteSession.create(server.base_url, title="Phone session with a long title")
-    session.say(*[f"line {n}\n" * 20 for n in range(60)])  # a transcript taller than the screen
+    session.publish("session_update", USER_ASKS)
+    session.say(*[f"{PARAGRAPH} ({n + 1})\n\n" for n in range(59)])  # taller than the screen
     page.set_viewport_size(PHONE)
     view = SessionPage(page, session).open()
     view.wait_for_id(60)
@@ -111,7 +121,6 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_page(
     session.say("Hello ", "world")
     view = SessionPage(page, session).open()
     view.wait_for_id(2)
-    pages = {"session page": session.page_url}
     found = {"session page": axe_violations(page)}
     for name, path in [
         ("dashboard", "/"),
@@ -121,11 +130,19 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_page(
         ("admin session", f"/admin/agent_sessions/agentsession/{session.id}/change/"),
         ("admin records", "/admin/agent_sessions/subscriberconnection/"),
     ]:
-        pages[name] = server.base_url + path
         response = page.goto(server.base_url + path)
         assert response is not None
         assert response.status == 200, (name, path)
         found[name] = axe_violations(page)
+    page.goto(f"{server.base_url}/")
+    page.locator(f'tr[data-session-id="{session.id}"] .detail-open').click()
+    expect(page.locator("#session-detail")).to_be_visible()
+    found["dashboard, a session's subscribers"] = axe_violations(page)
+    page.goto(session.page_url)  # the session page again, then ended (banner, badge)
+    view.expect_state("open")
+    session.close()
+    view.expect_state("ended")
+    found["session page, ended"] = axe_violations(page)
     bad = {name: v for name, v in found.items() if v}
     assert not bad, json.dumps(bad, indent=1)
 
@@ -199,11 +216,13 @@ def test_a_paused_page_says_within_5_s_that_the_server_evicted_its_reader(
 ) -> None:
     session = RemoteSession.create(server.base_url, title="paused and evicted", ringSize=64)
     view = SessionPage(page, session).open()
-    evict_paused_reader(view)
+    view.wait_for_id(session.say("Reading the backlog slowly… ")[-1])
+    evict_paused_reader(view)  # about 1,025 events of 64 KiB on this machine
     # Without Resume: the page asks whether its reader is still there while it is paused.
     view.expect_state("evicted", timeout_ms=5_000)
     expect(page.locator("#state-reason")).to_contain_text("evicted this reader while reading")
     expect(page.locator("#paused-chip")).to_have_text("paused · evicted")
+    screenshot(page, "session-page-paused-evicted")
     page.click("#pause")  # resume: the backlog, the eviction frame, the reconnect
     expect(page.locator("#last-evicted")).to_contain_text("queue_overflow", timeout=20_000)
     view.expect_state("open", timeout_ms=20_000)
