@@ -1,10 +1,11 @@
-"""URL configuration: the admin and the sessions app.
+"""URL configuration: the admin, the login pages and the sessions app.
 
 ``GET /session/<id>/events`` never reaches these patterns: ``qwenweb.asgi`` routes it to
 the streaming handler in front of Django (EB-22).
 """
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
@@ -12,6 +13,13 @@ from django.views.generic.base import RedirectView
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
+    # The login page for everyone (the admin's own login refuses users who are not staff).
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("sessions.urls")),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's error pages).
     path("favicon.ico", RedirectView.as_view(url=static("qwenweb/favicon.svg"))),
