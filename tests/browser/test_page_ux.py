@@ -147,6 +147,13 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_page(
     session.close()
     view.expect_state("ended")
     found["session page, ended"] = axe_violations(page)
+    browser = page.context.browser
+    assert browser is not None
+    anonymous = browser.new_context().new_page()  # the login pages, as a visitor sees them
+    for name, path in [("login", "/accounts/login/"), ("admin login", "/admin/login/")]:
+        anonymous.goto(server.base_url + path)
+        found[name] = axe_violations(anonymous)
+    anonymous.context.close()
     bad = {name: v for name, v in found.items() if v}
     assert not bad, json.dumps(bad, indent=1)
 
