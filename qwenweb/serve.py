@@ -178,6 +178,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         _fail(f"unknown option(s) for granian: {' '.join(rest)} (daphne's need --server daphne)")
+    import django
+
+    django.setup()
+    # Before the system checks: they load the URLconf, whose `static()` calls fail
+    # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
+    static = static_mount()
     check_configuration()
     _check_workers(options.workers)
     from qwenweb.granian_server import granian_options, serve
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             fd_limit=raise_fd_limit(),
             certfile=certfile,
             keyfile=keyfile,
-            static=static_mount(),
+            static=static,
             proxy_headers=options.proxy_headers,
         )
     )
