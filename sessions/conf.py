@@ -76,6 +76,8 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
     "RING_MAX_AGE_S": "QWENWEB_RING_MAX_AGE_S",
     "MAX_RING_BYTES_TOTAL": "QWENWEB_MAX_RING_BYTES_TOTAL",
@@ -110,6 +112,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
     "RING_MAX_BYTES": DEFAULT_RING_MAX_BYTES,
     "RING_MAX_AGE_S": 0.0,  # off
@@ -141,6 +145,10 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
+    "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    # The listen queue (the kernel caps it at net.core.somaxconn).
+    "SERVER_BACKLOG": (int, 128, 65_535),
     "RING_MAX_BYTES": (int, 1024, MAX_SAFE_INTEGER),
     "RING_MAX_AGE_S": (float, 0, 30 * 24 * 3600),
     "MAX_RING_BYTES_TOTAL": (int, 1024 * 1024, MAX_SAFE_INTEGER),
@@ -187,6 +195,11 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
+    #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
+    request_header_timeout_s: float
+    #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
+    server_backlog: int
     #: A session's ring: bytes (of ``sessions.bus.held_bytes``) and age (s, 0 = off).
     ring_max_bytes: int
     ring_max_age_s: float
