@@ -37,6 +37,7 @@ ENV_OVERRIDES: Final = {
     "MAX_QUEUED_BYTES": "QWENWEB_MAX_QUEUED_BYTES",
     "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
     "WRITER_IDLE_TIMEOUT_S": "QWENWEB_WRITER_IDLE_TIMEOUT_S",
+    "TCP_USER_TIMEOUT_S": "QWENWEB_TCP_USER_TIMEOUT_S",
     "TOKEN_LIFETIME_S": "QWENWEB_TOKEN_LIFETIME_S",
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
@@ -58,6 +59,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "MAX_QUEUED_BYTES": DEFAULT_MAX_QUEUED_BYTES,
     "HEARTBEAT_INTERVAL_S": 15.0,
     "WRITER_IDLE_TIMEOUT_S": 30.0,
+    # None: WRITER_IDLE_TIMEOUT_S + TCP_USER_TIMEOUT_GRACE_S; 0: leave the sockets alone.
+    "TCP_USER_TIMEOUT_S": None,
     "TOKEN_LIFETIME_S": 3600,
     "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
     "ID_RESERVATION_BLOCK": 100_000,
@@ -91,6 +94,12 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
 }
+TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
+"""How much longer than the writer idle timeout the kernel waits for an acknowledgement
+(``TCP_USER_TIMEOUT``, sessions.transport.peer_timeout): where ``send`` itself waits on a
+full socket (daphne with flow control), the application's timeout fires first and the
+subscriber gets ``client_evicted``."""
+_TCP_USER_TIMEOUT_RANGE: Final = (0.0, 3600.0)
 _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -108,6 +117,8 @@ class QwenwebConfig:
     max_queued_bytes: int
     heartbeat_interval_s: float
     writer_idle_timeout_s: float
+    #: None: derived (:attr:`peer_timeout_s`); 0: off.
+    tcp_user_timeout_s: float | None
     token_lifetime_s: int
     publish_max_body_bytes: int
     id_reservation_block: int
@@ -123,6 +134,15 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+
+    @property
+    def peer_timeout_s(self) -> float | None:
+        """``TCP_USER_TIMEOUT`` in seconds for the server's sockets, None when off: the
+        setting, or ``WRITER_IDLE_TIMEOUT_S`` + 2 s when unset (docs/protocol.md, "Half-open
+        peers")."""
+        if self.tcp_user_timeout_s is None:
+            return self.writer_idle_timeout_s + TCP_USER_TIMEOUT_GRACE_S
+        return self.tcp_user_timeout_s or None
 
 
 def _raw_values() -> dict[str, Any]:
@@ -156,6 +176,8 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
     if key == "CORS_ALLOWED_ORIGINS":
         return _coerce_origins(source, raw)
+    if key == "TCP_USER_TIMEOUT_S":
+        return _coerce_user_timeout(source, raw)
     kind, low, high = _RANGES[key]
     value: Any
     try:
@@ -189,6 +211,22 @@ def _coerce_origins(source: str, raw: Any) -> tuple[Any, str | None]:
                 f"and host, optional port, no path, no '*'); got {item!r}"
             )
     return tuple(dict.fromkeys(items)), None
+
+
+def _coerce_user_timeout(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``TCP_USER_TIMEOUT_S``: None or ``"auto"`` (derived), else seconds in [0, 3600]."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "auto")):
+        return None, None
+    low, high = _TCP_USER_TIMEOUT_RANGE
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw.strip()) if isinstance(raw, str) else float(raw)
+    except (TypeError, ValueError):
+        return None, f"{source} must be a number of seconds or 'auto'; got {raw!r}"
+    if not low <= value <= high:
+        return None, f"{source} must be in [{low:g}, {high:g}] (0: off) or 'auto'; got {value!r}"
+    return value, None
 
 
 def config_errors() -> list[str]:
