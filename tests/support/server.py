@@ -66,17 +66,22 @@ def migrate(database_path: Path) -> None:
 
 @dataclass
 class ServerProcess:
-    """A server on 127.0.0.1:``port`` started with ``argv`` (daphne, runserver, uvicorn)."""
+    """A server on ``host``:``port`` (default 127.0.0.1) started with ``argv`` (daphne,
+    runserver, uvicorn, granian). ``ready`` (default: ``GET /capabilities`` from here)
+    raises ``OSError`` until the server answers; ``scheme`` ``https`` for TLS."""
 
     argv: Sequence[str]
     port: int
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
+    scheme: str = "http"
+    ready: Callable[[], Any] | None = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
@@ -88,7 +93,10 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
             try:
-                get_json(f"{self.base_url}/capabilities")
+                if self.ready is not None:
+                    self.ready()
+                else:
+                    get_json(f"{self.base_url}/capabilities")
                 return self
             except OSError:
                 time.sleep(0.1)
@@ -108,6 +116,19 @@ class ServerProcess:
     def rss_kib(self) -> int:
         """The server process's resident memory in KiB (``VmRSS``)."""
         return self._status_field("VmRSS:")
+
+    def tree_rss_kib(self) -> int:
+        """Resident memory in KiB of the server and all its descendants (granian's workers)."""
+        assert self.process is not None
+        total, pending = 0, [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            with contextlib.suppress(OSError, StopIteration):
+                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+                total += int(next(line for line in lines if line.startswith("VmRSS:")).split()[1])
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pending += [int(c) for c in (task / "children").read_text().split()]
+        return total
 
     def thread_count(self) -> int:
         """The server process's OS threads."""
@@ -264,15 +285,24 @@ class RawSSEClient:
     body: bytearray = field(default_factory=bytearray)
     ended: bool = False
 
-    async def connect(self, timeout_s: float = 10.0) -> RawSSEClient:
+    async def connect(
+        self, timeout_s: float = 10.0, *, host: str = "127.0.0.1", sock: socket.socket | None = None
+    ) -> RawSSEClient:
+        """Connect to ``host`` (with ``sock``, an unconnected socket, when given: one made in
+        another network namespace or bound to a source address) and read the headers."""
         async with asyncio.timeout(timeout_s):
-            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+            if sock is None:
+                self._reader, self._writer = await asyncio.open_connection(host, self.port)
+            else:
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, (host, self.port))
+                self._reader, self._writer = await asyncio.open_connection(sock=sock)
             self._conn = h11.Connection(our_role=h11.CLIENT)
             self._parser = SSEParser(self.events.append)
             request = h11.Request(
                 method="GET",
                 target=self.path,
-                headers=[("Host", f"127.0.0.1:{self.port}"), *self.headers],
+                headers=[("Host", f"{host}:{self.port}"), *self.headers],
             )
             self._writer.write(self._conn.send(request) + self._conn.send(h11.EndOfMessage()))
             while not self.status:
@@ -312,12 +342,18 @@ class RawSSEClient:
 
 
 async def open_stream(
-    port: int, path: str, token: str | None, extra_headers: Sequence[tuple[str, str]] = ()
+    port: int,
+    path: str,
+    token: str | None,
+    extra_headers: Sequence[tuple[str, str]] = (),
+    *,
+    host: str = "127.0.0.1",
+    sock: socket.socket | None = None,
 ) -> RawSSEClient:
     headers = [("Accept", "text/event-stream"), *extra_headers]
     if token:
         headers.append(("Authorization", f"Bearer {token}"))
-    return await RawSSEClient(port, path, headers).connect()
+    return await RawSSEClient(port, path, headers).connect(host=host, sock=sock)
 
 
 def event_ids(events: Sequence[ServerSentEvent]) -> list[int]:
