@@ -51,6 +51,8 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -74,6 +76,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    "SERVER_BACKLOG": 4096,
 }
 
 # key -> (kind, minimum, maximum)
@@ -93,6 +97,10 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
+    "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    # The listen queue (the kernel caps it at net.core.somaxconn).
+    "SERVER_BACKLOG": (int, 128, 65_535),
 }
 TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 """How much longer than the writer idle timeout the kernel waits for an acknowledgement
@@ -134,6 +142,11 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
+    #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
+    request_header_timeout_s: float
+    #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
+    server_backlog: int
 
     @property
     def peer_timeout_s(self) -> float | None:

@@ -51,6 +51,7 @@ import logging
 import signal
 import sys
 import threading
+import weakref
 from types import FrameType
 from typing import Any, Final
 
@@ -61,7 +62,15 @@ from sessions.hooks import Listener, hooks
 from sessions.ops.feed import feed
 from sessions.ops.records import recorder
 
-__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "flush_at_exit", "listener", "shutdown"]
+__all__ = [
+    "SHUTDOWN_TIMEOUT_S",
+    "Lifecycle",
+    "LifespanApp",
+    "flush_at_exit",
+    "lifespan_app",
+    "listener",
+    "shutdown",
+]
 
 logger = logging.getLogger("qwenweb.lifecycle")
 
@@ -145,13 +154,38 @@ listener = Lifecycle()
 """The process's lifecycle listener (connected by ``sessions.apps``)."""
 
 
+_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shutdown sequence running on each loop (a second caller joins it)."""
+
+
 async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
     """The clean-shutdown sequence on the loop (see the module docstring). Never raises.
 
     With ``end_streams``, first end every subscriber of every loaded bus with a terminal
     frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
     streams themselves. From here on, streams record their end as ``server_shutdown``.
+
+    The one place that ends the streams and flushes the records at shutdown: the signal
+    hook, the ASGI lifespan (:class:`LifespanApp`) and Twisted's trigger all call it. A
+    call made while the sequence already runs on this loop (a signal and then
+    ``lifespan.shutdown``) waits for that run instead of starting a second one; a call
+    with ``end_streams`` still ends the streams first.
     """
+    loop = asyncio.get_running_loop()
+    running = _running.get(loop)
+    if running is not None and not running.done():
+        if end_streams:
+            get_backend().end_all_streams("server_shutdown")
+        await asyncio.shield(running)
+        return
+    task = loop.create_task(_sequence(timeout_s, end_streams), name="qwenweb-shutdown-sequence")
+    _running[loop] = task
+    await asyncio.shield(task)
+
+
+async def _sequence(timeout_s: float, end_streams: bool) -> None:
     hooks.shutting_down = True
     backend = get_backend()
     try:
@@ -196,3 +230,41 @@ def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     return True
+
+
+class LifespanApp:
+    """The ASGI ``lifespan`` protocol (routed by ``qwenweb.asgi``).
+
+    ``lifespan.startup``: attach the server's loop (``Backend.loop.attach()``: the records
+    writer and the dashboard feed start on it, the shutdown hooks are installed), then
+    ``lifespan.startup.complete``; if that fails, ``lifespan.startup.failed`` with the
+    error, and the server does not start. ``lifespan.shutdown``: :func:`shutdown` with
+    ``end_streams`` (every open stream gets its terminal frame, the records and counters
+    are written), then ``lifespan.shutdown.complete``.
+
+    Servers differ on *when* they send ``lifespan.shutdown``: granian at once on SIGTERM,
+    uvicorn only after every connection has closed (so an open stream would hold it: the
+    signal hook of :class:`Lifecycle` ends the streams first there), hypercorn after its
+    graceful timeout. Whichever comes first runs the sequence; the other joins it.
+    """
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    get_backend().loop.attach()
+                except Exception as exc:
+                    logger.exception("lifespan_startup_failed")
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                logger.info("shutdown_started by=lifespan")
+                await shutdown(end_streams=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+lifespan_app = LifespanApp()
+"""The application of the ``lifespan`` scope."""

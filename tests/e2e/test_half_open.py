@@ -5,9 +5,9 @@ The server runs in a private network namespace, its readers in another, a router
 them (tests/support/netns.py). A blackhole rule in the router then drops every packet of
 two readers, silently: one on an idle session (heartbeats only, every 2 s), one on a busy
 session (10 events/s). With ``QWENWEB_WRITER_IDLE_TIMEOUT_S=5`` both must be gone from
-``subscriberCount`` within 15 s (the writer idle timeout + 10 s), under granian (the
-production server to be), ``python -m qwenweb.serve`` (daphne with flow control) and
-uvicorn; a healthy reader of the busy session, on the same network, gets every event.
+``subscriberCount`` within 15 s (the writer idle timeout + 10 s), under
+``python -m qwenweb.serve`` (granian), its ``--server daphne`` (daphne with flow control)
+and uvicorn; a healthy reader of the busy session, on the same network, gets every event.
 The control case turns the kernel's timeout off and must fail: the buffers in front of the
 socket take the heartbeats and the events for minutes, nothing notices.
 """
@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from sessions.cli.client import Publisher
-from tests.support.granian import granian_argv
 from tests.support.netns import Network, network, unavailable_reason
 from tests.support.server import (
     RawSSEClient,
@@ -33,6 +32,7 @@ from tests.support.server import (
     event_ids,
     get_json,
     open_stream,
+    serve_argv,
     server_env,
 )
 
@@ -53,10 +53,10 @@ MAX_BUSY_EVENTS = 400
 
 
 def _argv(kind: str, host: str) -> list[str]:
-    if kind == "granian":
-        return granian_argv(PORT, host=host)
-    if kind == "serve":
-        return [sys.executable, "-m", "qwenweb.serve", "-b", host, "-p", str(PORT)]
+    if kind == "serve":  # the production entry point: granian
+        return serve_argv(PORT, host=host)
+    if kind == "serve-daphne":
+        return serve_argv(PORT, "--server", "daphne", host=host)
     return [
         sys.executable, "-m", "uvicorn", "qwenweb.asgi:application", "--host", host,
         "--port", str(PORT), "--lifespan", "off", "--log-level", "warning",
@@ -165,7 +165,7 @@ async def _vanish_and_time(
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["granian", "serve", "uvicorn"])
+@pytest.mark.parametrize("kind", ["serve", "serve-daphne", "uvicorn"])
 async def test_reader_whose_packets_vanish_is_gone_within_writer_idle_timeout_plus_10_s(
     net: Network, kind: str, e2e_database: Path, tmp_path: Path
 ) -> None:
@@ -192,7 +192,7 @@ async def test_without_the_kernel_timeout_a_vanished_reader_stays(
     net: Network, e2e_database: Path, tmp_path: Path
 ) -> None:
     server = _start(
-        net, "granian", e2e_database, tmp_path / "server.log", QWENWEB_TCP_USER_TIMEOUT_S="0"
+        net, "serve", e2e_database, tmp_path / "server.log", QWENWEB_TCP_USER_TIMEOUT_S="0"
     )
     try:
         gone, _ids, _healthy = await _vanish_and_time(net, server)

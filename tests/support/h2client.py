@@ -1,183 +1,180 @@
-"""An HTTP/2 SSE client over TLS (the ``h2`` library) that can stop reading one stream.
+"""An HTTP/2 SSE client for end-to-end tests: the ``h2`` library on one asyncio TLS socket.
 
-One TCP connection, several streams. Flow control is the client's to grant: data received
-on a stream is acknowledged (its stream window and the connection's window reopened) only
-while the stream is *reading*; a stream marked stalled has its bytes returned to the
-connection window only, so its own window closes after the initial 64 KiB while the
-other streams on the connection keep flowing — a browser tab whose reader stopped.
+One :class:`H2Connection` is one TCP connection (ALPN ``h2``, the tests' CA); each
+:meth:`~H2Connection.open_stream` is one request on it, with its own SSE parser. Received
+data is acknowledged as it is parsed (the windows reopen), unless a stream is *paused*
+(:meth:`~H2Connection.pause`): then its window stays closed once full, as for a client
+that stops reading that one stream — the other streams of the connection keep flowing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
-import h2.settings
 
 from sessions.wire import ServerSentEvent, SSEParser
-
-CONNECTION_WINDOW = 16 * 1024 * 1024
-"""The connection-level window the client opens at once (so one stream's 64 KiB never
-blocks the others)."""
+from tests.support.tls import client_context
 
 
 @dataclass
 class H2Stream:
-    """One request's response as it arrives: status, SSE events, and how it ended."""
+    """One request of an :class:`H2Connection` and what it received."""
 
     stream_id: int
     status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
     events: list[ServerSentEvent] = field(default_factory=list)
     body: bytearray = field(default_factory=bytearray)
     ended: bool = False
-    reset: int | None = None
-    """The RST_STREAM error code, when the server reset the stream."""
-    stalled: bool = False
+    reset: bool = False
+    paused: bool = False
     unacknowledged: int = 0
-    """Bytes received while stalled, not yet returned to the stream's window."""
 
     def __post_init__(self) -> None:
-        self._parser = SSEParser(self.events.append)
-
-    def feed(self, data: bytes) -> None:
-        self.body += data
-        self._parser.feed_bytes(data)
+        self.parser = SSEParser(self.events.append)
 
 
-class H2Client:
-    """One HTTP/2 connection over TLS (ALPN ``h2``) to ``host``:``port``."""
+class H2Connection:
+    """One HTTP/2 connection over TLS to 127.0.0.1:``port``."""
 
-    def __init__(self, host: str, port: int, ca_file: Path) -> None:
-        self.host = host
+    def __init__(self, port: int) -> None:
         self.port = port
-        self.ca_file = ca_file
         self.streams: dict[int, H2Stream] = {}
-        self.terminated: h2.events.ConnectionTerminated | None = None
         self.closed = False
-        self._changed = asyncio.Event()
+        self.alpn: str | None = None
+        self._buffer = bytearray()
+        self._conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
 
-    async def connect(self, timeout_s: float = 10.0) -> H2Client:
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        context.set_alpn_protocols(["h2"])
+    async def connect(self, timeout_s: float = 10.0) -> H2Connection:
+        """Open the connection; raises ``AssertionError`` unless ALPN chose ``h2``."""
         async with asyncio.timeout(timeout_s):
             self._reader, self._writer = await asyncio.open_connection(
-                self.host, self.port, ssl=context
+                "127.0.0.1", self.port, ssl=client_context(("h2",))
             )
         ssl_object = self._writer.get_extra_info("ssl_object")
-        protocol = ssl_object.selected_alpn_protocol() if ssl_object else None
-        if protocol != "h2":
-            raise ConnectionError(f"the server chose {protocol!r} by ALPN, not h2")
-        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.alpn = ssl_object.selected_alpn_protocol() if ssl_object else None
+        assert self.alpn == "h2", f"ALPN chose {self.alpn!r}"
         self._conn.initiate_connection()
-        self._conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
-        self._task = asyncio.create_task(self._read_loop())
         return self
 
-    @property
-    def sockname(self) -> tuple[str, int]:
-        """The client end of the one TCP connection (to find it with ``ss``)."""
-        name = self._writer.get_extra_info("sockname")
-        return str(name[0]), int(name[1])
+    def local_port(self) -> int:
+        """The client-side port of this TCP connection."""
+        return int(self._writer.get_extra_info("sockname")[1])
 
     def _flush(self) -> None:
         data = self._conn.data_to_send()
         if data:
             self._writer.write(data)
 
-    async def _read_loop(self) -> None:
-        try:
-            while data := await self._reader.read(65536):
-                for event in self._conn.receive_data(data):
-                    self._handle(event)
-                self._flush()
-                self._changed.set()
-        except (ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            self.closed = True
-            self._changed.set()
-
-    def _handle(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.ConnectionTerminated):
-            self.terminated = event
-            return
-        stream_id = getattr(event, "stream_id", None)
-        stream = self.streams.get(stream_id) if stream_id is not None else None
-        if stream is None:
-            return
-        if isinstance(event, h2.events.ResponseReceived):
-            stream.status = int(dict(event.headers)[b":status"])
-        elif isinstance(event, h2.events.DataReceived):
-            stream.feed(event.data)
-            size = event.flow_controlled_length
-            if stream.stalled:
-                stream.unacknowledged += size
-                if size:  # the connection's window only: the others keep flowing
-                    self._conn.increment_flow_control_window(size)
-            else:
-                self._conn.acknowledge_received_data(size, stream.stream_id)
-        elif isinstance(event, h2.events.StreamEnded):
-            stream.ended = True
-        elif isinstance(event, h2.events.StreamReset):
-            stream.ended = True
-            stream.reset = int(event.error_code)
-
-    def get(self, path: str, headers: Sequence[tuple[str, str]] = ()) -> H2Stream:
-        """Send ``GET path`` on a new stream of this connection; returns the stream."""
+    def open_stream(
+        self, path: str, token: str | None = None, headers: Sequence[tuple[str, str]] = ()
+    ) -> H2Stream:
+        """Send ``GET path`` (``Accept: text/event-stream``) on a new stream."""
         stream_id = self._conn.get_next_available_stream_id()
-        self.streams[stream_id] = stream = H2Stream(stream_id)
-        self._conn.send_headers(
-            stream_id,
-            [
-                (":method", "GET"),
-                (":scheme", "https"),
-                (":authority", f"{self.host}:{self.port}"),
-                (":path", path),
-                *headers,
-            ],
-            end_stream=True,
-        )
+        request = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", f"127.0.0.1:{self.port}"),
+            (":path", path),
+            ("accept", "text/event-stream"),
+            *headers,
+        ]
+        if token:
+            request.append(("authorization", f"Bearer {token}"))
+        self._conn.send_headers(stream_id, request, end_stream=True)
         self._flush()
+        stream = self.streams[stream_id] = H2Stream(stream_id)
         return stream
 
-    def stall(self, stream: H2Stream) -> None:
-        """Stop granting ``stream`` window: its reader stopped reading."""
-        stream.stalled = True
+    def pause(self, stream: H2Stream) -> None:
+        """Stop acknowledging ``stream``'s data: its window closes once full."""
+        stream.paused = True
 
     def resume(self, stream: H2Stream) -> None:
-        """Read ``stream`` again: return every byte held back to its window."""
-        stream.stalled = False
+        """Acknowledge ``stream``'s data again, what was held back included."""
+        stream.paused = False
         if stream.unacknowledged and not stream.ended:
             with contextlib.suppress(h2.exceptions.StreamClosedError):
                 self._conn.increment_flow_control_window(stream.unacknowledged, stream.stream_id)
+            self._flush()
         stream.unacknowledged = 0
+
+    async def _pump_once(self) -> None:
+        data = await self._reader.read(65536)
+        if not data:
+            self.closed = True
+            for stream in self.streams.values():
+                stream.ended = True
+            return
+        # One frame at a time (9-byte header, 24-bit length): h2 refuses a frame that
+        # follows GOAWAY (granian sends a PING after it), and a refusal would lose the
+        # events of the frames before it in the same read.
+        self._buffer += data
+        while len(self._buffer) >= 9 and not self.closed:
+            size = 9 + int.from_bytes(self._buffer[:3], "big")
+            if len(self._buffer) < size:
+                break
+            frame, self._buffer = bytes(self._buffer[:size]), self._buffer[size:]
+            for event in self._conn.receive_data(frame):
+                self._handle(event)
         self._flush()
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
-        """Until ``predicate()`` holds (checked after each read); bounded; raises
-        ``ConnectionError`` if the connection closes first."""
-        async with asyncio.timeout(timeout_s):
-            while not predicate():
-                if self.closed:
-                    raise ConnectionError("the HTTP/2 connection closed")
-                self._changed.clear()
-                await self._changed.wait()
+    def _handle(self, event: Any) -> None:
+        stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if isinstance(event, h2.events.ResponseReceived) and stream:
+            headers: dict[str, str] = {
+                _text(name): _text(value) for name, value in event.headers or ()
+            }
+            stream.status = int(headers.pop(":status"))
+            stream.headers = headers
+        elif isinstance(event, h2.events.DataReceived) and stream:
+            stream.body += event.data
+            stream.parser.feed_bytes(bytes(event.data))
+            # The connection window is always given back; the stream's only if not paused.
+            if stream.paused:
+                stream.unacknowledged += event.flow_controlled_length
+                self._conn.increment_flow_control_window(event.flow_controlled_length)
+            else:
+                self._conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded) and stream:
+            stream.ended = True
+        elif isinstance(event, h2.events.StreamReset) and stream:
+            stream.ended = stream.reset = True
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.closed = True
+            for each in self.streams.values():
+                each.ended = True
 
-    async def close(self) -> None:
+    async def read_until(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Read until ``predicate()`` holds or the connection closes; bounded."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate() and not self.closed:
+                await self._pump_once()
+
+    async def read_to_end(self, timeout_s: float = 10.0) -> None:
+        """Read until every stream ended (or the connection closed); bounded."""
+        await self.read_until(lambda: all(s.ended for s in self.streams.values()), timeout_s)
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Send GOAWAY, close the socket and wait (bounded) until it is closed."""
         with contextlib.suppress(Exception):
             self._conn.close_connection()
             self._flush()
         self._writer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._writer.wait_closed(), 5)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait_for(self._writer.wait_closed(), timeout_s)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -11,7 +11,9 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,20 +70,22 @@ def migrate(database_path: Path) -> None:
 class ServerProcess:
     """A server on ``host``:``port`` (default 127.0.0.1) started with ``argv`` (daphne,
     runserver, uvicorn, granian). ``ready`` (default: ``GET /capabilities`` from here)
-    raises ``OSError`` until the server answers; ``scheme`` ``https`` for TLS."""
+    raises ``OSError`` until the server answers (a server in another network namespace is
+    asked from there)."""
 
     argv: Sequence[str]
     port: int
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    tls: bool = False
+    """Whether it speaks TLS (``tests.support.tls``'s certificate): ``https://`` URLs."""
     host: str = "127.0.0.1"
-    scheme: str = "http"
     ready: Callable[[], Any] | None = None
 
     @property
     def base_url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
@@ -105,37 +109,66 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
+        """SIGTERM (then SIGKILL, bounded); then SIGKILL whatever of its tree is left (a
+        granian worker outlives a main process that was killed)."""
         if self.process is not None:
+            tree = self.pids() if self.process.poll() is None else []
             stop_process(self.process)
+            _kill_all(tree[1:])
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the server and every process of its tree at once (a crash of the whole
+        server: granian's workers would outlive their main process otherwise)."""
+        assert self.process is not None
+        _kill_all(self.pids())
+        self.process.wait(timeout=timeout_s)
+
+    def pids(self) -> list[int]:
+        """The server process and all its descendants (granian's workers), while alive."""
+        assert self.process is not None
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            with contextlib.suppress(OSError):
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                    todo.extend(int(child) for child in children)
+        return found
 
     def _status_field(self, name: str) -> int:
-        assert self.process is not None
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(next(line for line in status.splitlines() if line.startswith(name)).split()[1])
-
-    def rss_kib(self) -> int:
-        """The server process's resident memory in KiB (``VmRSS``)."""
-        return self._status_field("VmRSS:")
-
-    def tree_rss_kib(self) -> int:
-        """Resident memory in KiB of the server and all its descendants (granian's workers)."""
-        assert self.process is not None
-        total, pending = 0, [self.process.pid]
-        while pending:
-            pid = pending.pop()
+        total = 0
+        for pid in self.pids():
             with contextlib.suppress(OSError, StopIteration):
-                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-                total += int(next(line for line in lines if line.startswith("VmRSS:")).split()[1])
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    pending += [int(c) for c in (task / "children").read_text().split()]
+                status = Path(f"/proc/{pid}/status").read_text()
+                line = next(line for line in status.splitlines() if line.startswith(name))
+                total += int(line.split()[1])
         return total
 
+    def rss_kib(self) -> int:
+        """Resident memory in KiB (``VmRSS``), summed over the process tree (:meth:`pids`)."""
+        return self._status_field("VmRSS:")
+
     def thread_count(self) -> int:
-        """The server process's OS threads."""
+        """OS threads, summed over the process tree."""
         return self._status_field("Threads:")
+
+    def fd_count(self) -> int:
+        """Open file descriptors, summed over the process tree."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                total += len(os.listdir(f"/proc/{pid}/fd"))
+        return total
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _kill_all(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
@@ -206,9 +239,10 @@ def daphne_argv(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def serve_argv(port: int) -> list[str]:
-    """The production entry point: daphne with flow control (``python -m qwenweb.serve``)."""
-    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
+def serve_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
+    """The production entry point, granian (``python -m qwenweb.serve``) on ``host``;
+    ``extra``: its options (``--certfile C --keyfile K``, ``--server daphne``, ...)."""
+    return [sys.executable, "-m", "qwenweb.serve", "-b", host, "-p", str(port), *extra]
 
 
 def runserver_argv(port: int, *extra: str) -> list[str]:
@@ -223,8 +257,13 @@ def request_json(
     req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    context = None
+    if url.startswith("https://"):
+        from tests.support.tls import client_context
+
+        context = client_context()
     try:
-        with urllib.request.urlopen(req, timeout=10) as response:
+        with urllib.request.urlopen(req, timeout=10, context=context) as response:
             raw = response.read()
             return response.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as exc:
@@ -284,6 +323,8 @@ class RawSSEClient:
     events: list[ServerSentEvent] = field(default_factory=list)
     body: bytearray = field(default_factory=bytearray)
     ended: bool = False
+    tls_context: ssl.SSLContext | None = None
+    """TLS (HTTP/1.1 by ALPN) when set."""
 
     async def connect(
         self, timeout_s: float = 10.0, *, host: str = "127.0.0.1", sock: socket.socket | None = None
@@ -292,11 +333,17 @@ class RawSSEClient:
         another network namespace or bound to a source address) and read the headers."""
         async with asyncio.timeout(timeout_s):
             if sock is None:
-                self._reader, self._writer = await asyncio.open_connection(host, self.port)
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, self.port, ssl=self.tls_context
+                )
             else:
                 sock.setblocking(False)
                 await asyncio.get_running_loop().sock_connect(sock, (host, self.port))
-                self._reader, self._writer = await asyncio.open_connection(sock=sock)
+                self._reader, self._writer = await asyncio.open_connection(
+                    sock=sock,
+                    ssl=self.tls_context,
+                    server_hostname=host if self.tls_context else None,
+                )
             self._conn = h11.Connection(our_role=h11.CLIENT)
             self._parser = SSEParser(self.events.append)
             request = h11.Request(
@@ -340,12 +387,19 @@ class RawSSEClient:
     def close(self) -> None:
         self._writer.close()
 
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Close and wait (bounded) until the socket is closed (TLS needs the loop)."""
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.wait_closed(), timeout_s)
+
 
 async def open_stream(
     port: int,
     path: str,
     token: str | None,
     extra_headers: Sequence[tuple[str, str]] = (),
+    tls: ssl.SSLContext | None = None,
     *,
     host: str = "127.0.0.1",
     sock: socket.socket | None = None,
@@ -353,7 +407,7 @@ async def open_stream(
     headers = [("Accept", "text/event-stream"), *extra_headers]
     if token:
         headers.append(("Authorization", f"Bearer {token}"))
-    return await RawSSEClient(port, path, headers).connect(host=host, sock=sock)
+    return await RawSSEClient(port, path, headers, tls_context=tls).connect(host=host, sock=sock)
 
 
 def event_ids(events: Sequence[ServerSentEvent]) -> list[int]:

@@ -1,4 +1,5 @@
-"""EB-21 under granian over HTTP/2 (TLS, ALPN ``h2``): one connection, streams of one session.
+"""EB-21 under ``python -m qwenweb.serve`` (granian) over HTTP/2 (TLS, ALPN ``h2``): one
+connection, streams of one session.
 
 Granian's per-stream flow control reaches the application: a stream whose client stops
 granting window stops taking bytes, granian's ``send`` for that stream waits, and the bus
@@ -12,22 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from sessions.cli.client import Publisher
-from tests.support.granian import TLSFiles, granian_argv, make_tls
-from tests.support.h2client import H2Client, H2Stream
+from tests.support.h2client import H2Connection, H2Stream
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
     event_ids,
     free_port,
-    get_json,
+    serve_argv,
     server_env,
 )
+from tests.support.tls import certificate, tls_argv
 
 pytestmark = [pytest.mark.e2e]
 
@@ -39,25 +40,17 @@ stream's queue (16 frames), granian's send buffer for it (400 KiB) and its windo
 are far below it; without flow control the whole 12.5 MiB would pile up."""
 
 
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSFiles]:
-    files = make_tls(tmp_path_factory.mktemp("tls"))
-    with pytest.MonkeyPatch.context() as patch:  # urllib and the CLI publisher trust it
-        patch.setenv("SSL_CERT_FILE", str(files.ca))
-        yield files
+@pytest.fixture(autouse=True)
+def _trust_the_test_ca(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI publisher (``http.client``, the default context) trusts the tests' CA."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate().ca))
 
 
-def _start(database: Path, log: Path, tls: TLSFiles, **env: str) -> ServerProcess:
+def _start(database: Path, log: Path, **env: str) -> ServerProcess:
     port = free_port()
-    server = ServerProcess(
-        granian_argv(port, tls=tls), port, server_env(database, **env), log, scheme="https"
-    )
-    server.ready = lambda: get_json(f"{server.base_url}/capabilities")
-    return server.start()
-
-
-def _headers(session: RemoteSession) -> list[tuple[str, str]]:
-    return [("accept", "text/event-stream"), ("authorization", f"Bearer {session.read_token}")]
+    return ServerProcess(
+        serve_argv(port, *tls_argv()), port, server_env(database, **env), log, tls=True
+    ).start()
 
 
 def _publish(session: RemoteSession, count: int, pace_s: float = 0.0) -> list[int]:
@@ -76,37 +69,36 @@ def _publish(session: RemoteSession, count: int, pace_s: float = 0.0) -> list[in
     return ids
 
 
-async def _opened(client: H2Client, stream: H2Stream) -> None:
-    await client.wait_for(lambda: stream.status != 0 and b"retry:" in stream.body, 10)
+async def _opened(client: H2Connection, stream: H2Stream) -> None:
+    await client.read_until(lambda: stream.status != 0 and b"retry:" in stream.body, 10)
     assert stream.status == 200
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(180)
 async def test_stalled_http2_stream_is_evicted_while_its_sibling_on_the_connection_gets_all(
-    e2e_database: Path, tmp_path: Path, tls: TLSFiles
+    e2e_database: Path, tmp_path: Path
 ) -> None:
-    server = _start(e2e_database, tmp_path / "granian.log", tls)
-    client = await H2Client("127.0.0.1", server.port, tls.ca).connect()
+    server = _start(e2e_database, tmp_path / "serve.log")
+    client = await H2Connection(server.port).connect()
     try:
         session = RemoteSession.create(server.base_url, ringSize=20)
-        slow = client.get(session.events_path + "?maxQueued=16", _headers(session))
-        sibling = client.get(session.events_path, _headers(session))
+        slow = client.open_stream(session.events_path + "?maxQueued=16", session.read_token)
+        sibling = client.open_stream(session.events_path, session.read_token)
         await _opened(client, slow)
         await _opened(client, sibling)
         assert session.load()["subscriberCount"] == 2
-        client.stall(slow)
-        rss_before = server.tree_rss_kib()
+        client.pause(slow)
+        rss_before = server.rss_kib()
         publishing = asyncio.create_task(asyncio.to_thread(_publish, session, EVENTS))
-        await client.wait_for(lambda: len(event_ids(sibling.events)) >= EVENTS, 120)
+        await client.read_until(lambda: len(event_ids(sibling.events)) >= EVENTS, 120)
         await publishing
-        rss_growth = server.tree_rss_kib() - rss_before
+        rss_growth = server.rss_kib() - rss_before
         assert event_ids(sibling.events) == list(range(1, EVENTS + 1))
         assert session.load()["subscriberCount"] == 1  # the stalled stream is gone (EB-5)
         assert not client.closed
-        assert client.terminated is None
         client.resume(slow)  # read again: what was written before the eviction arrives
-        await client.wait_for(lambda: slow.ended, 30)
+        await client.read_until(lambda: slow.ended, 30)
         types = [e.type for e in slow.events]
         assert "slow_client_warning" in types  # EB-4
         assert types[-1] == "client_evicted", types[-3:]  # EB-5: terminal
@@ -119,14 +111,14 @@ async def test_stalled_http2_stream_is_evicted_while_its_sibling_on_the_connecti
             f"({evicted['reason']}); sibling got {EVENTS}; RSS growth {rss_growth} KiB"
         )
     finally:
-        await client.close()
+        await client.aclose()
         server.stop()
 
 
 @contextlib.asynccontextmanager
 async def _dead_stream_evicted(
-    database: Path, tmp_path: Path, tls: TLSFiles
-) -> AsyncIterator[tuple[ServerProcess, RemoteSession, H2Client, H2Stream, H2Stream, int]]:
+    database: Path, tmp_path: Path
+) -> AsyncIterator[tuple[ServerProcess, RemoteSession, H2Connection, H2Stream, H2Stream, int]]:
     """A granian server (writer idle timeout 1 s), one connection with a stalled stream and a
     reading one of a session, published to until the stalled one's subscriber is gone.
 
@@ -135,43 +127,44 @@ async def _dead_stream_evicted(
     measured, plus the 64 KiB window), so the writer idle timeout is what ends it.
     Yields ``(server, session, client, dead, alive, events published)``.
     """
-    server = _start(database, tmp_path / "granian.log", tls, QWENWEB_WRITER_IDLE_TIMEOUT_S="1")
-    client = await H2Client("127.0.0.1", server.port, tls.ca).connect()
+    server = _start(database, tmp_path / "serve.log", QWENWEB_WRITER_IDLE_TIMEOUT_S="1")
+    client = await H2Connection(server.port).connect()
     try:
         session = RemoteSession.create(server.base_url, ringSize=20)
-        dead = client.get(session.events_path + "?maxQueued=2048", _headers(session))
-        alive = client.get(session.events_path, _headers(session))
+        dead = client.open_stream(session.events_path + "?maxQueued=2048", session.read_token)
+        alive = client.open_stream(session.events_path, session.read_token)
         await _opened(client, dead)
         await _opened(client, alive)
-        client.stall(dead)
+        client.pause(dead)
         published = 0
         while published < 600 and session.load()["subscriberCount"] == 2:
             await asyncio.to_thread(_publish, session, 1)
             published += 1
-            await asyncio.sleep(0.1)  # the publishing pace under test, not a wait for a cause
+            # Read what arrives meanwhile (the pace under test, not a wait for a cause).
+            with contextlib.suppress(TimeoutError):
+                await client.read_until(lambda: False, 0.1)
         assert session.load()["subscriberCount"] == 1, f"not evicted after {published} events"
         assert "reason=writer_idle_timeout" in server.log()
         yield server, session, client, dead, alive, published
     finally:
-        await client.close()
+        await client.aclose()
         server.stop()
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_writer_idle_timeout_ends_a_dead_http2_stream_and_keeps_its_connection(
-    e2e_database: Path, tmp_path: Path, tls: TLSFiles
+    e2e_database: Path, tmp_path: Path
 ) -> None:
-    async with _dead_stream_evicted(e2e_database, tmp_path, tls) as evicted:
+    async with _dead_stream_evicted(e2e_database, tmp_path) as evicted:
         _server, session, client, dead, alive, published = evicted
         last = session.publish("after")
-        await client.wait_for(lambda: last in event_ids(alive.events), 30)
+        await client.read_until(lambda: last in event_ids(alive.events), 30)
         assert event_ids(alive.events) == list(range(1, last + 1))  # the sibling got all
-        fresh = client.get(session.events_path, _headers(session))  # the same connection
+        fresh = client.open_stream(session.events_path, session.read_token)  # same connection
         await _opened(client, fresh)
         assert session.load()["subscriberCount"] == 2
         assert not client.closed
-        assert client.terminated is None
         print(
             f"dead stream's subscriber evicted (writer_idle_timeout) after {published} events; "
             f"its HTTP/2 stream ended: {dead.ended}; the connection kept serving"
@@ -186,9 +179,9 @@ async def test_writer_idle_timeout_ends_a_dead_http2_stream_and_keeps_its_connec
     "application returned (or raised): no RST_STREAM until the window opens or the "
     "connection ends (measured; docs/protocol.md, 'Half-open peers')",
 )
-async def test_dead_http2_stream_is_reset_by_the_server(
-    e2e_database: Path, tmp_path: Path, tls: TLSFiles
-) -> None:
-    async with _dead_stream_evicted(e2e_database, tmp_path, tls) as evicted:
+async def test_dead_http2_stream_is_reset_by_the_server(e2e_database: Path, tmp_path: Path) -> None:
+    async with _dead_stream_evicted(e2e_database, tmp_path) as evicted:
         client, dead = evicted[2], evicted[3]
-        await client.wait_for(lambda: dead.ended, 10)
+        with contextlib.suppress(TimeoutError):
+            await client.read_until(lambda: dead.ended, 10)
+        assert dead.ended
