@@ -28,7 +28,7 @@ from sessions.bus import (
     MAX_SAFE_INTEGER,
 )
 
-__all__ = ["ENV_OVERRIDES", "QwenwebConfig", "config_errors", "get_config"]
+__all__ = ["ENV_OVERRIDES", "SNAPSHOT_MAX_LIMIT", "QwenwebConfig", "config_errors", "get_config"]
 
 #: settings key -> environment variable that overrides it.
 ENV_OVERRIDES: Final = {
@@ -53,6 +53,8 @@ ENV_OVERRIDES: Final = {
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
+    "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
+    "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -78,6 +80,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "CORS_ALLOWED_ORIGINS": (),
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
     "SERVER_BACKLOG": 4096,
+    "SNAPSHOT_LIMIT": 500,
+    "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
 
 # key -> (kind, minimum, maximum)
@@ -101,6 +105,8 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
+    "SNAPSHOT_LIMIT": (int, 1, 5000),
+    "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
 TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 """How much longer than the writer idle timeout the kernel waits for an acknowledgement
@@ -108,6 +114,8 @@ TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 full socket (daphne with flow control), the application's timeout fires first and the
 subscriber gets ``client_evicted``."""
 _TCP_USER_TIMEOUT_RANGE: Final = (0.0, 3600.0)
+#: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
+SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -147,6 +155,10 @@ class QwenwebConfig:
     request_header_timeout_s: float
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
+    #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
+    snapshot_limit: int
+    #: Byte cap of a snapshot's events (the newest event is answered even if larger).
+    snapshot_max_bytes: int
 
     @property
     def peer_timeout_s(self) -> float | None:
