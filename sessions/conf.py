@@ -169,6 +169,17 @@ class QwenwebConfig:
             return self.writer_idle_timeout_s + TCP_USER_TIMEOUT_GRACE_S
         return self.tcp_user_timeout_s or None
 
+    @property
+    def stream_heartbeat_s(self) -> float:
+        """Seconds of silence before a stream writes ``: heartbeat``: ``HEARTBEAT_INTERVAL_S``,
+        at most half of :attr:`peer_timeout_s` when that is on, so that an idle stream has
+        bytes in flight often enough for the kernel to find a vanished peer within
+        1.5 × ``TCP_USER_TIMEOUT_S`` (docs/protocol.md, "Half-open peers")."""
+        peer = self.peer_timeout_s
+        return (
+            self.heartbeat_interval_s if peer is None else min(self.heartbeat_interval_s, peer / 2)
+        )
+
 
 def _raw_values() -> dict[str, Any]:
     values = dict(_DEFAULTS)

@@ -320,7 +320,7 @@ class SessionEventStream:
             await pump_frames(
                 subscription,
                 send,
-                config.heartbeat_interval_s,
+                config.stream_heartbeat_s,  # capped by the peer timeout
                 observer,
                 writer_idle_timeout_s=config.writer_idle_timeout_s,
                 encoder=self.encoder,

@@ -70,6 +70,9 @@ def net() -> Iterator[Network]:
 
 
 def _start(net: Network, kind: str, database: Path, log: Path, **env: str) -> ServerProcess:
+    env.setdefault("QWENWEB_HEARTBEAT_INTERVAL_S", str(HEARTBEAT_S))
+    if not env["QWENWEB_HEARTBEAT_INTERVAL_S"]:
+        del env["QWENWEB_HEARTBEAT_INTERVAL_S"]  # the default (15 s)
     server = ServerProcess(
         net.server_argv(_argv(kind, net.server_ip)),
         PORT,
@@ -77,7 +80,6 @@ def _start(net: Network, kind: str, database: Path, log: Path, **env: str) -> Se
             database,
             DJANGO_ALLOWED_HOSTS=net.server_ip,
             QWENWEB_WRITER_IDLE_TIMEOUT_S=str(WRITER_IDLE_TIMEOUT_S),
-            QWENWEB_HEARTBEAT_INTERVAL_S=str(HEARTBEAT_S),
             **env,
         ),
         log,
@@ -177,6 +179,27 @@ async def test_reader_whose_packets_vanish_is_gone_within_writer_idle_timeout_pl
             assert after_s is not None, f"{name} reader still counted {EVICTION_BOUND_S} s on"
             assert after_s <= EVICTION_BOUND_S, f"{name} reader gone only after {after_s:.1f} s"
         assert event_ids(healthy.events) == ids  # the healthy reader on that network got all
+    finally:
+        server.stop()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_with_the_default_heartbeat_too(
+    net: Network, e2e_database: Path, tmp_path: Path
+) -> None:
+    # Issue 12's Done-when names only WRITER_IDLE_TIMEOUT_S=5: with the default heartbeat
+    # (15 s) the stream's heartbeat is capped at half the kernel's timeout (3.5 s), so an
+    # idle reader is still found within the bound.
+    server = _start(
+        net, "serve", e2e_database, tmp_path / "server.log", QWENWEB_HEARTBEAT_INTERVAL_S=""
+    )
+    try:
+        gone, _ids, _healthy = await _vanish_and_time(net, server)
+        print(f"serve, default heartbeat: vanished readers gone after {gone} s")
+        for name, after_s in gone.items():
+            assert after_s is not None, f"{name} reader still counted {EVICTION_BOUND_S} s on"
+            assert after_s <= EVICTION_BOUND_S, f"{name} reader gone only after {after_s:.1f} s"
     finally:
         server.stop()
 

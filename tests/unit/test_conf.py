@@ -144,3 +144,21 @@ def test_bad_tcp_user_timeout_is_refused(monkeypatch: pytest.MonkeyPatch, raw: s
     with pytest.raises(ImproperlyConfigured, match="TCP_USER_TIMEOUT_S"):
         get_config()
     get_config.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 15.0),  # defaults: 15 s is below half of 32 s
+        ({"QWENWEB_WRITER_IDLE_TIMEOUT_S": "5"}, 3.5),  # half of 7 s
+        ({"QWENWEB_WRITER_IDLE_TIMEOUT_S": "5", "QWENWEB_TCP_USER_TIMEOUT_S": "0"}, 15.0),
+    ],
+)
+def test_stream_heartbeat_comes_at_least_every_half_peer_timeout(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: float
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_config.cache_clear()
+    assert get_config().stream_heartbeat_s == expected
+    get_config.cache_clear()
