@@ -93,7 +93,7 @@ def granian_options(
 
     Returns a dict for ``Granian(**options)``. Never raises.
     """
-    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.constants import HTTPModes, Interfaces, Loops, SSLProtocols
     from granian.http import HTTP1Settings, HTTP2Settings
 
     from sessions.ops.lifecycle import SHUTDOWN_TIMEOUT_S
@@ -120,7 +120,7 @@ def granian_options(
     if certfile is not None and keyfile is not None:
         options["ssl_cert"] = certfile
         options["ssl_key"] = keyfile
-        options["ssl_protocol_min"] = "tls1.2"
+        options["ssl_protocol_min"] = SSLProtocols.tls12
     if static is not None:
         options["static_path_route"] = [static.route]
         options["static_path_mount"] = [static.path]
@@ -137,10 +137,7 @@ def serve(options: dict[str, Any]) -> None:
     written) before granian closes the connections.
     """
     from granian import Granian
-    from granian.constants import SSLProtocols
 
-    if isinstance(options.get("ssl_protocol_min"), str):
-        options = {**options, "ssl_protocol_min": SSLProtocols(options["ssl_protocol_min"])}
     Granian(**options).serve()
 
 

@@ -7,9 +7,10 @@ of each server loop the backend attaches: it starts the records writer
 
 What "never lose them on a clean shutdown" means here
     A *clean shutdown* is the server process asked to stop with SIGINT or SIGTERM and
-    allowed to finish: ``python -m qwenweb.serve``, ``manage.py runserver`` and
-    ``daphne`` (Twisted), and uvicorn. Not ``kill -9``, not a crash, not a power cut:
-    those lose at most the last ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
+    allowed to finish: ``python -m qwenweb.serve`` (granian, or daphne with
+    ``--server daphne``), ``manage.py runserver`` and ``daphne`` (Twisted), and uvicorn.
+    Not ``kill -9``, not a crash, not a power cut: those lose at most the last
+    ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
 
     On a clean shutdown every record change made before the process exits is in the
     database when it exits — including the end of every stream that was still open,
@@ -23,6 +24,10 @@ What "never lose them on a clean shutdown" means here
 
     How the streams come to an end, and where the sequence is hooked:
 
+    - granian (``python -m qwenweb.serve``), and any server sending the ASGI lifespan:
+      :class:`LifespanApp` attaches the loop at ``lifespan.startup``; granian sends
+      ``lifespan.shutdown`` as soon as its worker gets SIGTERM, and the app then runs the
+      sequence with ``end_streams`` (every stream gets its terminal frame first).
     - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
       trigger cancels every application instance (each stream records
       ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
@@ -90,6 +95,7 @@ class Lifecycle(Listener):
         self._hooked_loops: set[int] = set()
         self._signalled = False
         self._shutdown_tasks: set[asyncio.Task[None]] = set()
+        self._installed: dict[int, Any] = {}
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
@@ -119,7 +125,9 @@ class Lifecycle(Listener):
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(sig)
             if callable(previous) and previous is not signal.default_int_handler:
-                signal.signal(sig, self.chained_handler(loop, previous))
+                handler = self.chained_handler(loop, previous)
+                self._installed[sig] = handler
+                signal.signal(sig, handler)
 
     def chained_handler(self, loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
         """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
@@ -143,11 +151,28 @@ class Lifecycle(Listener):
             try:
                 await shutdown(end_streams=True)
             finally:
-                previous(signum, None)  # now let the server shut down
+                self._hand_over(signum, previous)  # now let the server shut down
 
         task = loop.create_task(sequence(), name="qwenweb-shutdown")
         self._shutdown_tasks.add(task)
         task.add_done_callback(self._shutdown_tasks.discard)
+
+    def _hand_over(self, signum: int, previous: Any) -> None:
+        """Give the signal to the server's own handler, as if it had just arrived.
+
+        Where our handler is the one installed (main thread), the server's is put back and
+        the signal raised again, so that it sees a real delivery, with whatever wake-up of
+        its loop comes with one (uvloop's handler, under granian, is a method of the loop),
+        rather than a plain call; a later signal goes to it directly. Otherwise (a handler
+        built by :meth:`chained_handler` but never installed) ``previous`` is called.
+        """
+        ours = self._installed.get(signum)
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main and ours is not None and signal.getsignal(signum) is ours:
+            signal.signal(signum, previous)
+            signal.raise_signal(signum)
+        else:
+            previous(signum, None)
 
 
 listener = Lifecycle()
