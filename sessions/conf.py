@@ -63,6 +63,7 @@ ENV_OVERRIDES: Final = {
     "MAX_QUEUED_BYTES": "QWENWEB_MAX_QUEUED_BYTES",
     "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
     "WRITER_IDLE_TIMEOUT_S": "QWENWEB_WRITER_IDLE_TIMEOUT_S",
+    "TCP_USER_TIMEOUT_S": "QWENWEB_TCP_USER_TIMEOUT_S",
     "TOKEN_LIFETIME_S": "QWENWEB_TOKEN_LIFETIME_S",
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
@@ -97,6 +98,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "MAX_QUEUED_BYTES": DEFAULT_MAX_QUEUED_BYTES,
     "HEARTBEAT_INTERVAL_S": 15.0,
     "WRITER_IDLE_TIMEOUT_S": 30.0,
+    # None: WRITER_IDLE_TIMEOUT_S + TCP_USER_TIMEOUT_GRACE_S; 0: leave the sockets alone.
+    "TCP_USER_TIMEOUT_S": None,
     "TOKEN_LIFETIME_S": 3600,
     # 2 MiB: an event of 1 MiB of data fits with its envelope (and Django's
     # DATA_UPLOAD_MAX_MEMORY_SIZE, 64 MiB + 1, above the range's top, never cuts first).
@@ -161,6 +164,12 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
+TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
+"""How much longer than the writer idle timeout the kernel waits for an acknowledgement
+(``TCP_USER_TIMEOUT``, sessions.transport.peer_timeout): where ``send`` itself waits on a
+full socket (daphne with flow control), the application's timeout fires first and the
+subscriber gets ``client_evicted``."""
+_TCP_USER_TIMEOUT_RANGE: Final = (0.0, 3600.0)
 #: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
 SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
@@ -180,6 +189,8 @@ class QwenwebConfig:
     max_queued_bytes: int
     heartbeat_interval_s: float
     writer_idle_timeout_s: float
+    #: None: derived (:attr:`peer_timeout_s`); 0: off.
+    tcp_user_timeout_s: float | None
     token_lifetime_s: int
     publish_max_body_bytes: int
     id_reservation_block: int
@@ -220,6 +231,26 @@ class QwenwebConfig:
     #: Byte cap of a snapshot's events (the newest event is answered even if larger).
     snapshot_max_bytes: int
 
+    @property
+    def peer_timeout_s(self) -> float | None:
+        """``TCP_USER_TIMEOUT`` in seconds for the server's sockets, None when off: the
+        setting, or ``WRITER_IDLE_TIMEOUT_S`` + 2 s when unset (docs/protocol.md, "Half-open
+        peers")."""
+        if self.tcp_user_timeout_s is None:
+            return self.writer_idle_timeout_s + TCP_USER_TIMEOUT_GRACE_S
+        return self.tcp_user_timeout_s or None
+
+    @property
+    def stream_heartbeat_s(self) -> float:
+        """Seconds of silence before a stream writes ``: heartbeat``: ``HEARTBEAT_INTERVAL_S``,
+        at most half of :attr:`peer_timeout_s` when that is on, so that an idle stream has
+        bytes in flight often enough for the kernel to find a vanished peer within
+        1.5 × ``TCP_USER_TIMEOUT_S`` (docs/protocol.md, "Half-open peers")."""
+        peer = self.peer_timeout_s
+        return (
+            self.heartbeat_interval_s if peer is None else min(self.heartbeat_interval_s, peer / 2)
+        )
+
 
 def _raw_values() -> dict[str, Any]:
     values = dict(_DEFAULTS)
@@ -252,6 +283,8 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
     if key == "CORS_ALLOWED_ORIGINS":
         return _coerce_origins(source, raw)
+    if key == "TCP_USER_TIMEOUT_S":
+        return _coerce_user_timeout(source, raw)
     if key == "MAX_RING_BYTES_TOTAL" and raw in (None, ""):
         return default_ring_bytes_total(), None
     kind, low, high = _RANGES[key]
@@ -287,6 +320,22 @@ def _coerce_origins(source: str, raw: Any) -> tuple[Any, str | None]:
                 f"and host, optional port, no path, no '*'); got {item!r}"
             )
     return tuple(dict.fromkeys(items)), None
+
+
+def _coerce_user_timeout(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``TCP_USER_TIMEOUT_S``: None or ``"auto"`` (derived), else seconds in [0, 3600]."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "auto")):
+        return None, None
+    low, high = _TCP_USER_TIMEOUT_RANGE
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw.strip()) if isinstance(raw, str) else float(raw)
+    except (TypeError, ValueError):
+        return None, f"{source} must be a number of seconds or 'auto'; got {raw!r}"
+    if not low <= value <= high:
+        return None, f"{source} must be in [{low:g}, {high:g}] (0: off) or 'auto'; got {value!r}"
+    return value, None
 
 
 def config_errors() -> list[str]:

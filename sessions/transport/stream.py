@@ -70,6 +70,7 @@ from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
+from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
     DEFAULT_RETRY_MS,
@@ -154,6 +155,7 @@ class SessionEventStream:
         self._backend = backend
         self.hooks = hooks
         self.encoder = FrameEncoder()
+        self._peer_timeouts: PeerTimeouts | None = None
 
     @property
     def backend(self) -> Backend:
@@ -174,6 +176,9 @@ class SessionEventStream:
         session_id = scope["url_route"]["kwargs"]["session_id"]
         cors = _cors(scope, headers)
         backend = self.backend
+        if self._peer_timeouts is None:  # half-open peers: the kernel's TCP_USER_TIMEOUT
+            self._peer_timeouts = PeerTimeouts(backend.config.peer_timeout_s)
+        self._peer_timeouts.ensure()
         try:
             admission = await self._admit(backend, scope, session_id, headers)
         except ApiError as reject:
@@ -315,7 +320,7 @@ class SessionEventStream:
             await pump_frames(
                 subscription,
                 send,
-                config.heartbeat_interval_s,
+                config.stream_heartbeat_s,  # capped by the peer timeout
                 observer,
                 writer_idle_timeout_s=config.writer_idle_timeout_s,
                 encoder=self.encoder,

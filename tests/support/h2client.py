@@ -18,6 +18,7 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 
 from sessions.wire import ServerSentEvent, SSEParser
 from tests.support.tls import client_context
@@ -103,6 +104,15 @@ class H2Connection:
     def pause(self, stream: H2Stream) -> None:
         """Stop acknowledging ``stream``'s data: its window closes once full."""
         stream.paused = True
+
+    def resume(self, stream: H2Stream) -> None:
+        """Acknowledge ``stream``'s data again, what was held back included."""
+        stream.paused = False
+        if stream.unacknowledged and not stream.ended:
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self._conn.increment_flow_control_window(stream.unacknowledged, stream.stream_id)
+            self._flush()
+        stream.unacknowledged = 0
 
     async def _pump_once(self) -> None:
         data = await self._reader.read(65536)

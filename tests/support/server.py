@@ -68,7 +68,10 @@ def migrate(database_path: Path) -> None:
 
 @dataclass
 class ServerProcess:
-    """A server on 127.0.0.1:``port`` started with ``argv`` (daphne, runserver, uvicorn)."""
+    """A server on ``host``:``port`` (default 127.0.0.1) started with ``argv`` (daphne,
+    runserver, uvicorn, granian). ``ready`` (default: ``GET /capabilities`` from here)
+    raises ``OSError`` until the server answers (a server in another network namespace is
+    asked from there)."""
 
     argv: Sequence[str]
     port: int
@@ -77,10 +80,12 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     tls: bool = False
     """Whether it speaks TLS (``tests.support.tls``'s certificate): ``https://`` URLs."""
+    host: str = "127.0.0.1"
+    ready: Callable[[], Any] | None = None
 
     @property
     def base_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
@@ -92,7 +97,10 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
             try:
-                get_json(f"{self.base_url}/capabilities")
+                if self.ready is not None:
+                    self.ready()
+                else:
+                    get_json(f"{self.base_url}/capabilities")
                 return self
             except OSError:
                 time.sleep(0.1)
@@ -231,10 +239,10 @@ def daphne_argv(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def serve_argv(port: int, *extra: str) -> list[str]:
-    """The production entry point, granian (``python -m qwenweb.serve``); ``extra``:
-    its options (``--certfile C --keyfile K``, ``--server daphne``, ...)."""
-    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port), *extra]
+def serve_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
+    """The production entry point, granian (``python -m qwenweb.serve``) on ``host``;
+    ``extra``: its options (``--certfile C --keyfile K``, ``--server daphne``, ...)."""
+    return [sys.executable, "-m", "qwenweb.serve", "-b", host, "-p", str(port), *extra]
 
 
 def runserver_argv(port: int, *extra: str) -> list[str]:
@@ -318,17 +326,30 @@ class RawSSEClient:
     tls_context: ssl.SSLContext | None = None
     """TLS (HTTP/1.1 by ALPN) when set."""
 
-    async def connect(self, timeout_s: float = 10.0) -> RawSSEClient:
+    async def connect(
+        self, timeout_s: float = 10.0, *, host: str = "127.0.0.1", sock: socket.socket | None = None
+    ) -> RawSSEClient:
+        """Connect to ``host`` (with ``sock``, an unconnected socket, when given: one made in
+        another network namespace or bound to a source address) and read the headers."""
         async with asyncio.timeout(timeout_s):
-            self._reader, self._writer = await asyncio.open_connection(
-                "127.0.0.1", self.port, ssl=self.tls_context
-            )
+            if sock is None:
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, self.port, ssl=self.tls_context
+                )
+            else:
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, (host, self.port))
+                self._reader, self._writer = await asyncio.open_connection(
+                    sock=sock,
+                    ssl=self.tls_context,
+                    server_hostname=host if self.tls_context else None,
+                )
             self._conn = h11.Connection(our_role=h11.CLIENT)
             self._parser = SSEParser(self.events.append)
             request = h11.Request(
                 method="GET",
                 target=self.path,
-                headers=[("Host", f"127.0.0.1:{self.port}"), *self.headers],
+                headers=[("Host", f"{host}:{self.port}"), *self.headers],
             )
             self._writer.write(self._conn.send(request) + self._conn.send(h11.EndOfMessage()))
             while not self.status:
@@ -379,11 +400,14 @@ async def open_stream(
     token: str | None,
     extra_headers: Sequence[tuple[str, str]] = (),
     tls: ssl.SSLContext | None = None,
+    *,
+    host: str = "127.0.0.1",
+    sock: socket.socket | None = None,
 ) -> RawSSEClient:
     headers = [("Accept", "text/event-stream"), *extra_headers]
     if token:
         headers.append(("Authorization", f"Bearer {token}"))
-    return await RawSSEClient(port, path, headers, tls_context=tls).connect()
+    return await RawSSEClient(port, path, headers, tls_context=tls).connect(host=host, sock=sock)
 
 
 def event_ids(events: Sequence[ServerSentEvent]) -> list[int]:

@@ -119,3 +119,46 @@ def test_cors_origins_come_from_a_comma_separated_environment_variable(
     get_config.cache_clear()
     assert get_config().cors_allowed_origins == ("https://a.example", "http://127.0.0.1:3000")
     get_config.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, 7.0), ("auto", 7.0), ("0", None), ("12.5", 12.5)],
+)
+def test_tcp_user_timeout_follows_the_writer_idle_timeout_unless_set(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: float | None
+) -> None:
+    # Half-open peers: unset, TCP_USER_TIMEOUT is WRITER_IDLE_TIMEOUT_S + 2 s; 0 turns it off.
+    monkeypatch.setenv("QWENWEB_WRITER_IDLE_TIMEOUT_S", "5")
+    if raw is not None:
+        monkeypatch.setenv("QWENWEB_TCP_USER_TIMEOUT_S", raw)
+    get_config.cache_clear()
+    assert get_config().peer_timeout_s == expected
+    get_config.cache_clear()
+
+
+@pytest.mark.parametrize("raw", ["-1", "3601", "soon"])
+def test_bad_tcp_user_timeout_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("QWENWEB_TCP_USER_TIMEOUT_S", raw)
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match="TCP_USER_TIMEOUT_S"):
+        get_config()
+    get_config.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 15.0),  # defaults: 15 s is below half of 32 s
+        ({"QWENWEB_WRITER_IDLE_TIMEOUT_S": "5"}, 3.5),  # half of 7 s
+        ({"QWENWEB_WRITER_IDLE_TIMEOUT_S": "5", "QWENWEB_TCP_USER_TIMEOUT_S": "0"}, 15.0),
+    ],
+)
+def test_stream_heartbeat_comes_at_least_every_half_peer_timeout(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: float
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_config.cache_clear()
+    assert get_config().stream_heartbeat_s == expected
+    get_config.cache_clear()
