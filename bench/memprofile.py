@@ -16,15 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import (
-    QW_SERVE,
-    QW_UVICORN,
-    REPO,
-    Server,
-    migrate_template,
-    post_json,
-    spawn_loadgen,
-)
+from bench.measure import spawn_loadgen
+from bench.servers import QW_SERVE, QW_UVICORN, REPO, Server, migrate_template, post_json
 
 
 def main() -> None:

@@ -35,20 +35,18 @@ from typing import Any
 
 import redis
 
-from bench.run import (
-    QW_SERVE,
-    Server,
+from bench.measure import (
     correctness,
     fmt,
     med,
     merge_correctness,
-    migrate_template,
     paired,
     ratio_cell,
     rotations,
     run_loadgen,
     spread,
 )
+from bench.servers import QW_SERVE, Server, migrate_template
 
 REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 MEMORY_1 = "memory ×1"
