@@ -44,7 +44,10 @@ def http2_fanout(bench: Bench) -> None:
     )
     skipped = [name for name in HTTP2_CONTENDERS if name in bench.contenders and name not in names]
     n = bench.plan.fanout_n
-    servers = {name: Server(name, bench.workdir, bench.template, tls=tls) for name in names}
+    servers = {
+        name: Server(name, bench.workdir, bench.template, tls=tls, static_root=bench.static_root)
+        for name in names
+    }
     rate: dict[str, dict[str, dict[int, float | None]]] = {}
     cpu: dict[str, dict[str, list[float]]] = {}
     busy: dict[str, dict[str, list[float]]] = {}

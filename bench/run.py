@@ -61,6 +61,7 @@ from bench.servers import (
     QW_SERVE,
     REPO,
     Server,
+    collect_static,
     migrate_template,
     raise_nofile,
 )
@@ -119,11 +120,16 @@ class Bench:
         self.contenders = contenders + ((QW_BASELINE,) if baseline_tree else ())
         if NCHAN in self.contenders:
             nchan.ensure_installed(log)
-        self.servers = {name: Server(name, workdir, self.template) for name in self.contenders}
+        self.static_root = collect_static(workdir)
+        self.servers = {
+            name: Server(name, workdir, self.template, static_root=self.static_root)
+            for name in self.contenders
+        }
         if baseline_tree is not None:
             baseline = self.servers[QW_BASELINE]
             baseline.tree = baseline_tree
             baseline.template_db = migrate_template(workdir, baseline_tree, "baseline")
+            baseline.static_root = collect_static(workdir, baseline_tree, "baseline-static")
         self.results: dict[str, Any] = {}
         self.tables: list[str] = []
 

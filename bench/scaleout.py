@@ -46,7 +46,7 @@ from bench.measure import (
     run_loadgen,
     spread,
 )
-from bench.servers import QW_SERVE, Server, migrate_template
+from bench.servers import QW_SERVE, Server, collect_static, migrate_template
 
 REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 MEMORY_1 = "memory ×1"
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="qwenweb-scaleout-") as tmp:
         workdir = Path(tmp)
         template = migrate_template(workdir)
+        static = collect_static(workdir)  # the servers inherit this process's environment
+        if static is not None:
+            os.environ["DJANGO_STATIC_ROOT"] = str(static)
         try:
             for rep, name in rotations(CONTENDERS, reps):
                 with deployment(name, workdir, template, prefix) as servers:

@@ -177,6 +177,8 @@ class Server:
     tls: tuple[Path, Path] | None = None
     #: nchan over TLS also listens in plain HTTP here, for its publisher.
     plain_port: int = 0
+    #: ``collectstatic``'s output for this checkout (:func:`collect_static`), if it needs one.
+    static_root: Path | None = None
 
     @property
     def label(self) -> str:
@@ -238,6 +240,8 @@ class Server:
             QWENWEB_MAX_SUBSCRIBERS=str(MAX_SUBSCRIBERS),
             PYTHONUNBUFFERED="1",
         )
+        if self.static_root is not None:
+            env["DJANGO_STATIC_ROOT"] = str(self.static_root)
         env.update(self.extra_env)
         env["DJANGO_SETTINGS_MODULE"] = (
             "bench.eventstream_settings" if self.name == EVENTSTREAM else
@@ -376,6 +380,25 @@ def migrate_template(workdir: Path, tree: Path = REPO, name: str = "template") -
     env.update(DATABASE_URL=f"sqlite:///{db}", DJANGO_SETTINGS_MODULE="qwenweb.settings")
     subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=tree, env=env, check=True, timeout=300)
     return db
+
+
+def collect_static(workdir: Path, tree: Path = REPO, name: str = "static") -> Path | None:
+    """Run ``collectstatic`` into ``workdir/name`` for a checkout whose production entry
+    point serves ``STATIC_ROOT`` (it refuses to start with DEBUG off before that); return
+    that directory, or None for a checkout without ``DJANGO_STATIC_ROOT``."""
+    if "DJANGO_STATIC_ROOT" not in (tree / "qwenweb" / "settings.py").read_text():
+        return None
+    root = workdir / name
+    env = os.environ.copy()
+    env.update(
+        DJANGO_SETTINGS_MODULE="qwenweb.settings",
+        DJANGO_DEBUG="0",
+        DJANGO_SECRET_KEY="bench-only-secret-key-not-for-production",
+        DJANGO_STATIC_ROOT=str(root),
+    )
+    argv = [PY, "manage.py", "collectstatic", "--noinput", "-v0"]
+    subprocess.run(argv, cwd=tree, env=env, check=True, timeout=300)
+    return root
 
 
 def make_certificate(workdir: Path) -> tuple[Path, Path]:
