@@ -136,7 +136,10 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "static"
 
-LOGIN_URL = "/admin/login/"
+# Owners log in at /accounts/login/ (staff can use the admin's login too).
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "session-list"
+LOGOUT_REDIRECT_URL = "login"
 
 # The event bus and its route (docs/protocol.md, "Errors and limits"). Read through
 # `sessions.conf.get_config()`; each key can be overridden by the environment variable

@@ -28,7 +28,7 @@ from sessions.bus import (
     MAX_SAFE_INTEGER,
 )
 
-__all__ = ["ENV_OVERRIDES", "QwenwebConfig", "config_errors", "get_config"]
+__all__ = ["ENV_OVERRIDES", "SNAPSHOT_MAX_LIMIT", "QwenwebConfig", "config_errors", "get_config"]
 
 #: settings key -> environment variable that overrides it.
 ENV_OVERRIDES: Final = {
@@ -50,6 +50,8 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
+    "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -71,6 +73,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "SNAPSHOT_LIMIT": 500,
+    "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
 
 # key -> (kind, minimum, maximum)
@@ -90,7 +94,11 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    "SNAPSHOT_LIMIT": (int, 1, 5000),
+    "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
+#: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
+SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -123,6 +131,10 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
+    snapshot_limit: int
+    #: Byte cap of a snapshot's events (the newest event is answered even if larger).
+    snapshot_max_bytes: int
 
 
 def _raw_values() -> dict[str, Any]:
