@@ -10,6 +10,7 @@ demo (SQLite, in-memory bus, DEBUG on):
 | ``DJANGO_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,[::1]`` | comma-separated |
 | ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | or ``postgres://user@host:5432/db`` |
 | ``DATABASE_CONN_MAX_AGE`` | ``0`` | seconds a connection is kept (``DATABASE_URL`` only) |
+| ``DJANGO_STATIC_ROOT`` | ``<repo>/var/static`` | where ``collectstatic`` puts the static files |
 | ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
 """
 
@@ -134,7 +135,15 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", "") or BASE_DIR / "var" / "static")
+# Production (DEBUG off): `collectstatic` gives every file a hashed name, so the server can
+# let browsers cache them for a year (python -m qwenweb.serve serves STATIC_ROOT). With
+# DEBUG on, Django serves /static/ from the app folders: nothing to collect (the tests).
+if not DEBUG:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "qwenweb.storage.HashedStaticFilesStorage"},
+    }
 
 # Owners log in at /accounts/login/ (staff can use the admin's login too).
 LOGIN_URL = "login"

@@ -50,6 +50,8 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
@@ -73,6 +75,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    "SERVER_BACKLOG": 4096,
     "SNAPSHOT_LIMIT": 500,
     "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
@@ -94,6 +98,10 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
+    "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    # The listen queue (the kernel caps it at net.core.somaxconn).
+    "SERVER_BACKLOG": (int, 128, 65_535),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
@@ -131,6 +139,11 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
+    #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
+    request_header_timeout_s: float
+    #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
+    server_backlog: int
     #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
     snapshot_limit: int
     #: Byte cap of a snapshot's events (the newest event is answered even if larger).

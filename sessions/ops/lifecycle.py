@@ -7,9 +7,10 @@ of each server loop the backend attaches: it starts the records writer
 
 What "never lose them on a clean shutdown" means here
     A *clean shutdown* is the server process asked to stop with SIGINT or SIGTERM and
-    allowed to finish: ``python -m qwenweb.serve``, ``manage.py runserver`` and
-    ``daphne`` (Twisted), and uvicorn. Not ``kill -9``, not a crash, not a power cut:
-    those lose at most the last ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
+    allowed to finish: ``python -m qwenweb.serve`` (granian, or daphne with
+    ``--server daphne``), ``manage.py runserver`` and ``daphne`` (Twisted), and uvicorn.
+    Not ``kill -9``, not a crash, not a power cut: those lose at most the last
+    ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
 
     On a clean shutdown every record change made before the process exits is in the
     database when it exits — including the end of every stream that was still open,
@@ -23,6 +24,10 @@ What "never lose them on a clean shutdown" means here
 
     How the streams come to an end, and where the sequence is hooked:
 
+    - granian (``python -m qwenweb.serve``), and any server sending the ASGI lifespan:
+      :class:`LifespanApp` attaches the loop at ``lifespan.startup``; granian sends
+      ``lifespan.shutdown`` as soon as its worker gets SIGTERM, and the app then runs the
+      sequence with ``end_streams`` (every stream gets its terminal frame first).
     - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
       trigger cancels every application instance (each stream records
       ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
@@ -51,6 +56,7 @@ import logging
 import signal
 import sys
 import threading
+import weakref
 from types import FrameType
 from typing import Any, Final
 
@@ -61,7 +67,15 @@ from sessions.hooks import Listener, hooks
 from sessions.ops.feed import feed
 from sessions.ops.records import recorder
 
-__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "flush_at_exit", "listener", "shutdown"]
+__all__ = [
+    "SHUTDOWN_TIMEOUT_S",
+    "Lifecycle",
+    "LifespanApp",
+    "flush_at_exit",
+    "lifespan_app",
+    "listener",
+    "shutdown",
+]
 
 logger = logging.getLogger("qwenweb.lifecycle")
 
@@ -81,6 +95,7 @@ class Lifecycle(Listener):
         self._hooked_loops: set[int] = set()
         self._signalled = False
         self._shutdown_tasks: set[asyncio.Task[None]] = set()
+        self._installed: dict[int, Any] = {}
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
@@ -110,7 +125,9 @@ class Lifecycle(Listener):
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(sig)
             if callable(previous) and previous is not signal.default_int_handler:
-                signal.signal(sig, self.chained_handler(loop, previous))
+                handler = self.chained_handler(loop, previous)
+                self._installed[sig] = handler
+                signal.signal(sig, handler)
 
     def chained_handler(self, loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
         """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
@@ -134,15 +151,38 @@ class Lifecycle(Listener):
             try:
                 await shutdown(end_streams=True)
             finally:
-                previous(signum, None)  # now let the server shut down
+                self._hand_over(signum, previous)  # now let the server shut down
 
         task = loop.create_task(sequence(), name="qwenweb-shutdown")
         self._shutdown_tasks.add(task)
         task.add_done_callback(self._shutdown_tasks.discard)
 
+    def _hand_over(self, signum: int, previous: Any) -> None:
+        """Give the signal to the server's own handler, as if it had just arrived.
+
+        Where our handler is the one installed (main thread), the server's is put back and
+        the signal raised again, so that it sees a real delivery, with whatever wake-up of
+        its loop comes with one (uvloop's handler, under granian, is a method of the loop),
+        rather than a plain call; a later signal goes to it directly. Otherwise (a handler
+        built by :meth:`chained_handler` but never installed) ``previous`` is called.
+        """
+        ours = self._installed.get(signum)
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main and ours is not None and signal.getsignal(signum) is ours:
+            signal.signal(signum, previous)
+            signal.raise_signal(signum)
+        else:
+            previous(signum, None)
+
 
 listener = Lifecycle()
 """The process's lifecycle listener (connected by ``sessions.apps``)."""
+
+
+_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shutdown sequence running on each loop (a second caller joins it)."""
 
 
 async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
@@ -151,7 +191,26 @@ async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool =
     With ``end_streams``, first end every subscriber of every loaded bus with a terminal
     frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
     streams themselves. From here on, streams record their end as ``server_shutdown``.
+
+    The one place that ends the streams and flushes the records at shutdown: the signal
+    hook, the ASGI lifespan (:class:`LifespanApp`) and Twisted's trigger all call it. A
+    call made while the sequence already runs on this loop (a signal and then
+    ``lifespan.shutdown``) waits for that run instead of starting a second one; a call
+    with ``end_streams`` still ends the streams first.
     """
+    loop = asyncio.get_running_loop()
+    running = _running.get(loop)
+    if running is not None and not running.done():
+        if end_streams:
+            get_backend().end_all_streams("server_shutdown")
+        await asyncio.shield(running)
+        return
+    task = loop.create_task(_sequence(timeout_s, end_streams), name="qwenweb-shutdown-sequence")
+    _running[loop] = task
+    await asyncio.shield(task)
+
+
+async def _sequence(timeout_s: float, end_streams: bool) -> None:
     hooks.shutting_down = True
     backend = get_backend()
     try:
@@ -196,3 +255,41 @@ def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     return True
+
+
+class LifespanApp:
+    """The ASGI ``lifespan`` protocol (routed by ``qwenweb.asgi``).
+
+    ``lifespan.startup``: attach the server's loop (``Backend.loop.attach()``: the records
+    writer and the dashboard feed start on it, the shutdown hooks are installed), then
+    ``lifespan.startup.complete``; if that fails, ``lifespan.startup.failed`` with the
+    error, and the server does not start. ``lifespan.shutdown``: :func:`shutdown` with
+    ``end_streams`` (every open stream gets its terminal frame, the records and counters
+    are written), then ``lifespan.shutdown.complete``.
+
+    Servers differ on *when* they send ``lifespan.shutdown``: granian at once on SIGTERM,
+    uvicorn only after every connection has closed (so an open stream would hold it: the
+    signal hook of :class:`Lifecycle` ends the streams first there), hypercorn after its
+    graceful timeout. Whichever comes first runs the sequence; the other joins it.
+    """
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    get_backend().loop.attach()
+                except Exception as exc:
+                    logger.exception("lifespan_startup_failed")
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                logger.info("shutdown_started by=lifespan")
+                await shutdown(end_streams=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+lifespan_app = LifespanApp()
+"""The application of the ``lifespan`` scope."""

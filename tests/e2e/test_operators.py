@@ -17,10 +17,12 @@ import json
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 
 from sessions.cli.client import Publisher
@@ -29,6 +31,7 @@ from tests.support.server import (
     ServerProcess,
     free_port,
     open_stream,
+    runserver_argv,
     serve_argv,
     server_env,
     wait_for,
@@ -45,7 +48,7 @@ WAIT_S = 20.0
 def uvicorn_argv(port: int, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "qwenweb.asgi:application", "--host", "127.0.0.1",
-        "--port", str(port), "--lifespan", "off", "--log-level", "warning", *extra,
+        "--port", str(port), "--log-level", "warning", *(extra or ("--lifespan", "off")),
     ]  # fmt: skip
 
 
@@ -71,11 +74,22 @@ def start(database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProces
         server.stop()
 
 
+SHUTDOWN_BOUND_S = 15.0
+"""Issue 12: with open streams, a signalled server exits within this."""
+
+
 def stop_with(server: ServerProcess, sig: signal.Signals) -> int:
-    """Send ``sig`` and wait (bounded) for the process to exit; return its exit code."""
+    """Send ``sig`` and wait (bounded) for the process to exit; return its exit code.
+
+    Fails unless it exited within :data:`SHUTDOWN_BOUND_S`.
+    """
     assert server.process is not None
+    started = time.monotonic()
     server.process.send_signal(sig)
-    return server.process.wait(timeout=WAIT_S)
+    code = server.process.wait(timeout=WAIT_S)
+    took_s = time.monotonic() - started
+    assert took_s < SHUTDOWN_BOUND_S, f"exited {took_s:.1f} s after {sig.name}"
+    return code
 
 
 def connections(database: Path, session_id: str) -> list[dict[str, Any]]:
@@ -170,13 +184,21 @@ async def test_eviction_over_a_real_socket_is_recorded_with_the_exact_payload_re
 # -- a clean shutdown loses nothing --------------------------------------------------------------
 
 
+SHUTDOWN_ARGV: dict[str, Callable[[int], list[str]]] = {
+    "serve": serve_argv,  # granian
+    "serve-daphne": lambda port: [*serve_argv(port), "--server", "daphne"],
+    "runserver": runserver_argv,
+}
+
+
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("kind", list(SHUTDOWN_ARGV))
 async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals
+    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, kind: str
 ) -> None:
-    server = start(serve_argv, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
+    server = start(SHUTDOWN_ARGV[kind], QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
     session = RemoteSession.create(server.base_url)
     left = await open_stream(server.port, session.events_path, session.read_token)
     left.close()  # a connection that ended before the shutdown, recorded in memory only
@@ -191,24 +213,43 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
         await stream.read_events(3)
         assert connections(database, session.id) == []  # nothing written yet
         assert stop_with(server, sig) == 0
+        try:
+            await stream.read_to_end()  # what the server sent before it exited
+        except h11.RemoteProtocolError:
+            assert kind != "serve"  # daphne drops the connection without the last chunk
+        events = stream.events
     finally:
         stream.close()
+    if kind == "serve":
+        # granian: the lifespan shutdown ends the stream with its terminal frame.
+        assert [e.type for e in events] == ["note"] * 3 + ["stream_error"]
+        terminal = json.loads(events[-1].data)["data"]
+        assert (terminal["code"], terminal["reason"]) == ("server_disconnect", "server_shutdown")
+    else:
+        # daphne cancels its application instances: the stream ends without a frame.
+        assert [e.type for e in events] == ["note"] * 3
     ended, still_open = connections(database, session.id)
     assert ended["end_reason"] == "client_disconnect"
     assert (still_open["client_id"], still_open["end_reason"]) == ("still-open", "server_shutdown")
-    assert (still_open["frames_sent"], still_open["bytes_sent"]) == (3, len(stream.body))
+    assert (still_open["frames_sent"], still_open["bytes_sent"]) == (len(events), len(stream.body))
     assert session_row(database, session.id)["events_published"] == 3
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("lifespan", ["off", "on"])
 async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals
+    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, lifespan: str
 ) -> None:
     # uvicorn re-raises SIGTERM with its default action once it has shut down, which ends
     # the process without atexit: only the signal hook of sessions.ops.lifecycle can write.
-    server = start(uvicorn_argv, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
+    # With the lifespan on, uvicorn sends lifespan.shutdown only once every connection has
+    # closed: the signal hook ends the streams first, the lifespan joins that sequence.
+    server = start(
+        lambda port: uvicorn_argv(port, "--lifespan", lifespan),
+        QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600",
+    )
     session = RemoteSession.create(server.base_url)
     stream = await open_stream(server.port, session.events_path, session.read_token)
     try:
