@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -680,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{QW_BASELINE}), to compare a change with the code before it in one run",
     )
     args = parser.parse_args(argv)
+    given = [shlex.quote(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     if args.baseline_tree is not None and not (args.baseline_tree / "qwenweb").is_dir():
         parser.error(f"--baseline-tree {args.baseline_tree}: no qwenweb/ package there")
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
@@ -733,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     info["loadavg_end"] = os.getloadavg()
     header = (
-        f"Run: `python -m bench.run{' --quick' if args.quick else ''}` in {elapsed:.0f} s; "
+        f"Run: `{' '.join(['python -m bench.run', *given])}` in {elapsed:.0f} s; "
         f"{info['nproc']} CPUs ({info['cpu']}), {info['memory_gib']} GiB, Python "
         f"{info['python']}; load average {info['loadavg_start'][0]:.2f} at start, "
         f"{info['loadavg_end'][0]:.2f} at end; commit {info['git']} with "
