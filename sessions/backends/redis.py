@@ -462,7 +462,8 @@ class RedisBackend(RedisControlled):
         Redis no longer has is rebuilt (that is how a client learns of lost data:
         ``epoch_reset``); a cursor the mirror has not reached yet but Redis has issued is
         waited for (at most ``CATCH_UP_TIMEOUT_S``), so replay and live meet without loss
-        or repeat on any process. Raises as :meth:`Backend.subscribe`.
+        or repeat on any process; without a cursor, the last id Redis issued is waited for,
+        so a live-only stream starts after the events published before it (EB-13). Raises as :meth:`Backend.subscribe`.
         """
         live = await self._ready_mirror(live, last_event_id)
         return await super().subscribe(
@@ -513,8 +514,11 @@ class RedisBackend(RedisControlled):
                     self._drop_mirror(live, "epoch_reset")
                 live = await self.get_live_session(live.session_id)
                 continue
-            if cursor is not None and live.bus.last_event_id < cursor <= head.last_event_id:
-                await self._caught_up(live, cursor)
+            # A live-only subscriber (no cursor) starts after every id Redis had issued,
+            # as on the memory backend: events published before it attached are not live.
+            target = head.last_event_id if cursor is None else cursor
+            if live.bus.last_event_id < target <= head.last_event_id:
+                await self._caught_up(live, target)
                 if self.registry.get(live.session_id) is not live:
                     continue
             return live
