@@ -12,6 +12,12 @@ first subscriber's decoded body is kept (up to 16 MiB) and re-parsed afterwards 
 project's WHATWG parser (``sessions.wire.SSEParser``); the two counts must agree
 (``parser_check``).
 
+Transports (spec ``transport``): ``h1`` (plain HTTP/1.1, one connection per subscriber, the
+default), ``h1-tls`` (the same over TLS, ALPN ``http/1.1``) and ``h2`` (every subscriber a
+stream of one TLS connection, :mod:`bench.h2client`). The events are published by a POST
+to the server (``trigger``) or by a command (``trigger_argv``: Nchan's publisher,
+:mod:`bench.nchan`).
+
 Each bench event carries ``seq`` and ``t`` (publish ``monotonic_ns``). Per subscriber the
 generator counts unique, duplicated and out-of-range sequence numbers, and classifies
 missing ones: after a ``client_evicted`` terminal frame they are *announced* (the contract
@@ -31,11 +37,14 @@ from array import array
 from collections import Counter
 from typing import Any
 
+from bench import h2client
+from bench.nchan import parse_id
 from sessions.wire import ServerSentEvent, SSEParser
 
 SEQ_RE = re.compile(rb'"seq": ?(\d+), ?"t": ?(\d+)')
 TYPE_RE = re.compile(rb"(?:^|\n)event: ?([^\n]*)")
 DROPPED_RE = re.compile(rb'"droppedAfter": ?(\d+)')
+ID_RE = re.compile(rb"(?:^|\n)id: ?([^\n]*)")
 TERMINAL_TYPES = frozenset({"client_evicted", "stream_error", "stream-error"})
 RAW_LIMIT = 16 * 1024 * 1024
 
@@ -43,8 +52,13 @@ RAW_LIMIT = 16 * 1024 * 1024
 class Subscriber(asyncio.Protocol):
     """One SSE stream: decodes HTTP, splits frames, counts sequence numbers."""
 
-    def __init__(self, index: int, n: int, stalled: bool, record: bool, request: bytes) -> None:
+    def __init__(
+        self, index: int, n: int, stalled: bool, record: bool, request: bytes, nchan_ids: bool
+    ) -> None:
         self.index = index
+        self.nchan_ids = nchan_ids  # check that Nchan's ``time:seq`` ids only go up
+        self.last_id: tuple[int, int] = (0, -1)
+        self.id_disorder = 0
         self.n = n
         self.stalled = stalled
         self.request = request
@@ -167,6 +181,8 @@ class Subscriber(asyncio.Protocol):
                 self._other(frame, now)
                 continue
             seq = int(match[1])
+            if self.nchan_ids:
+                self._check_id(frame)
             if not 1 <= seq <= n:
                 self.out_of_range += 1
                 continue
@@ -184,6 +200,17 @@ class Subscriber(asyncio.Protocol):
         self.last_recv = now
         if self.unique == n and not self.done.done():
             self.done.set_result(None)
+
+    def _check_id(self, frame: bytes) -> None:
+        match = ID_RE.search(frame)
+        try:
+            event_id = parse_id(match[1].decode()) if match else None
+        except ValueError:
+            event_id = None
+        if event_id is None or event_id <= self.last_id:
+            self.id_disorder += 1
+        else:
+            self.last_id = event_id
 
     def _other(self, frame: bytes, now: int) -> None:
         match = TYPE_RE.search(frame)
@@ -244,6 +271,8 @@ def _request(spec: dict[str, Any], last_event_id: str | None, port: int | None =
 
 async def _connect(spec: dict[str, Any], sub: Subscriber, gate: asyncio.Semaphore) -> None:
     loop = asyncio.get_running_loop()
+    tls = spec.get("transport") == "h1-tls"
+    context = h2client.client_context(["http/1.1"]) if tls else None
     async with gate:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if sub.stalled:
@@ -254,7 +283,9 @@ async def _connect(spec: dict[str, Any], sub: Subscriber, gate: asyncio.Semaphor
         try:
             port = _port_of(spec, sub.index)
             await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), 10)
-            await loop.create_connection(lambda: sub, sock=sock)
+            await loop.create_connection(
+                lambda: sub, sock=sock, ssl=context, server_hostname="127.0.0.1" if tls else None
+            )
             await asyncio.wait_for(asyncio.shield(sub.ready), 20)
         except (OSError, TimeoutError):
             sub.terminal = "connect_failed"
@@ -264,9 +295,30 @@ async def _connect(spec: dict[str, Any], sub: Subscriber, gate: asyncio.Semaphor
                     future.set_result(None)
 
 
-async def _http_post(port: int, target: str, timeout_s: float) -> dict[str, Any]:
+async def _trigger(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Publish the events: run ``trigger_argv`` (its last stdout line is JSON), or POST
+    ``trigger`` to ``trigger_port`` (default ``port``; TLS with ``trigger_tls``)."""
+    argv = spec.get("trigger_argv")
+    if argv:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        try:
+            out, _ = await asyncio.wait_for(process.communicate(), timeout_s)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
+        result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        return result
+    port = int(spec.get("trigger_port") or spec["port"])
+    return await _http_post(port, spec["trigger"], timeout_s, bool(spec.get("trigger_tls")))
+
+
+async def _http_post(port: int, target: str, timeout_s: float, tls: bool = False) -> dict[str, Any]:
+    context = h2client.client_context(["http/1.1"]) if tls else None
     async with asyncio.timeout(timeout_s):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1" if tls else None
+        )
         writer.write(
             f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n"
             "Connection: close\r\n\r\n".encode()
@@ -311,6 +363,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     stalled = int(spec.get("stalled", 0))
     mode = spec.get("mode", "stream")
     cursor = spec.get("last_event_id")
+    nchan_ids = spec.get("id_format") == "nchan"
     subs = [
         Subscriber(
             i,
@@ -318,35 +371,40 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             i >= count - stalled,
             i == 0 and mode != "idle",
             _request(spec, cursor, _port_of(spec, i)),
+            nchan_ids,
         )
         for i in range(count)
     ]
     gate = asyncio.Semaphore(int(spec.get("connect_concurrency", 64)))
     t_connect = time.monotonic_ns()
-    await asyncio.wait_for(asyncio.gather(*(_connect(spec, sub, gate) for sub in subs)), timeout_s)
+    shared: h2client.H2Streams | None = None
+    if spec.get("transport") == "h2":
+        shared = await asyncio.wait_for(h2client.connect(spec, subs), timeout_s)
+    else:
+        gathered = asyncio.gather(*(_connect(spec, sub, gate) for sub in subs))
+        await asyncio.wait_for(gathered, timeout_s)
     connected_s = (time.monotonic_ns() - t_connect) / 1e9
     statuses = Counter(sub.status for sub in subs)
     result: dict[str, Any] = {"mode": mode, "subscribers": count, "stalled": stalled, "n": n}
     result["statuses"] = {str(k): v for k, v in statuses.items()}
     result["connect_s"] = connected_s
+    result["transport"] = spec.get("transport", "h1")
     if mode == "idle":
         print(json.dumps({"ready": statuses.get(200, 0), "statuses": result["statuses"]}))
         sys.stdout.flush()
         loop = asyncio.get_running_loop()
         await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), timeout_s)
-        for sub in subs:
-            if sub.transport is not None:
-                sub.transport.close()
+        _close(subs, shared)
         result["still_open"] = sum(1 for sub in subs if not sub.done.done())
         return result
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_start = usage.ru_utime + usage.ru_stime
     measure_start = time.monotonic()
     healthy = [sub for sub in subs if not sub.stalled]
-    if spec.get("trigger"):
+    if spec.get("trigger") or spec.get("trigger_argv"):
         # Once the last event is published, subscribers get `settle_s` more to receive it.
         try:
-            result["trigger"] = await _http_post(spec["port"], spec["trigger"], timeout_s)
+            result["trigger"] = await _trigger(spec, timeout_s)
         except Exception as exc:
             result["trigger"] = {"error": repr(exc)}
         remaining = min(float(spec.get("settle_s", 20)), timeout_s - (time.monotonic() - started))
@@ -366,15 +424,21 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         await asyncio.wait(
             [sub.done for sub in stalled_subs], timeout=float(spec.get("stall_drain_s", 10))
         )
-    for sub in subs:
-        if sub.transport is not None:
-            sub.transport.close()
+    _close(subs, shared)
     _summarize(result, subs, healthy, stalled_subs, t_connect)
     result["wall_s"] = time.monotonic() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["client_cpu_s"] = usage.ru_utime + usage.ru_stime - cpu_start
     result["client_busy"] = result["client_cpu_s"] / max(1e-9, time.monotonic() - measure_start)
     return result
+
+
+def _close(subs: list[Subscriber], shared: h2client.H2Streams | None) -> None:
+    for sub in subs:
+        if sub.transport is not None:
+            sub.transport.close()
+    if shared is not None:
+        shared.close()
 
 
 def _summarize(
@@ -393,6 +457,7 @@ def _summarize(
     result["announced_undelivered"] = announced
     result["dup"] = sum(sub.dups for sub in subs)
     result["out_of_range"] = sum(sub.out_of_range for sub in subs)
+    result["id_disorder"] = sum(sub.id_disorder for sub in subs)
     result["complete_subs"] = sum(1 for sub in subs if sub.unique == sub.n)
     result["evicted_subs"] = sum(1 for sub in subs if sub.terminal == "client_evicted")
     result["terminals"] = dict(Counter(sub.terminal or "open" for sub in subs))
@@ -425,12 +490,16 @@ def _summarize(
 
 def main(argv: list[str] | None = None) -> None:
     """Spec keys: ``port`` (or ``ports``: subscribers spread round-robin), ``path``,
-    ``headers`` ([[name, value]]), ``mode`` (``stream``,
+    ``headers`` ([[name, value]]), ``transport`` (``h1``, ``h1-tls``, ``h2``), ``mode`` (``stream``,
     ``idle``), ``subscribers``, ``stalled`` (how many of them never read until the end),
     ``n`` (events expected), ``trigger`` (a POST target fired once all are connected),
-    ``last_event_id``, ``timeout_s``, ``stall_drain_s``, ``connect_concurrency``."""
+    ``trigger_argv`` (a command that publishes instead), ``trigger_port``, ``trigger_tls``,
+    ``id_format`` (``nchan``: check its ids), ``last_event_id``, ``timeout_s``,
+    ``stall_drain_s``, ``connect_concurrency``."""
     args = sys.argv[1:] if argv is None else argv
     spec = json.loads(args[0])
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 10,000 idle streams
     result = asyncio.run(run(spec))
     print(json.dumps(result))
 

@@ -16,14 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import (
+from bench.measure import spawn_loadgen
+from bench.servers import (
     QW_SERVE,
     QW_UVICORN,
     REPO,
     Server,
+    collect_static,
     migrate_template,
     post_json,
-    spawn_loadgen,
 )
 
 
@@ -37,7 +38,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qwenweb-memprofile-", dir=shm) as tmp:
         workdir = Path(tmp)
         name = QW_SERVE if args.server == "serve" else QW_UVICORN
-        server = Server(name, workdir, migrate_template(workdir))
+        server = Server(
+            name, workdir, migrate_template(workdir), static_root=collect_static(workdir)
+        )
         server.extra_env["BENCH_TRACEMALLOC"] = "1"
         server.start()
         try:

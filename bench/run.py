@@ -3,18 +3,12 @@
 ``python -m bench.run [--quick] [--json out.json] [--only S2,S4] [--reps N]
 [--baseline-tree PATH]``
 
-Contenders (each in its own process on 127.0.0.1, with its own SQLite database on tmpfs):
-
-- ``qwenweb-serve``: ``python -m qwenweb.serve`` (daphne + flow control, the production
-  entry point);
-- ``qwenweb-uvicorn``: ``python -m uvicorn qwenweb.asgi:application --lifespan off``;
-- ``eventstream``: django-eventstream 5 under plain daphne, with ``DjangoModelStorage``;
-- ``floor``: ``bench/floor_server.py``, a raw asyncio server writing pre-serialized frames;
-- ``qwenweb-serve@baseline`` (with ``--baseline-tree PATH``): ``python -m qwenweb.serve`` run
-  from another checkout (e.g. ``git worktree add /tmp/base <commit>``), so a change is
-  measured against the code before it in the same run, repetition by repetition.
-
-Both qwenweb contenders run the unchanged ``qwenweb.asgi`` application with
+Contenders: see :mod:`bench.servers` (``qwenweb-serve``, ``qwenweb-granian``,
+``qwenweb-daphne``, ``qwenweb-uvicorn``, ``eventstream``, ``nchan``, ``floor``, and
+``qwenweb-serve@baseline`` with ``--baseline-tree PATH``: ``python -m qwenweb.serve`` run
+from another checkout, so a change is measured against the code before it in the same
+run). ``--contenders a,b`` runs a subset (``floor`` is always in: the ratios need it).
+The qwenweb contenders run the unchanged ``qwenweb.asgi`` application with
 ``DJANGO_SETTINGS_MODULE=bench.qwenweb_bench_settings`` (adds ``/bench/*`` routes).
 Every measurement is a load generator process (``bench.loadgen``); contenders are
 alternated (rotating order, several repetitions) and every comparison is a ratio of two
@@ -28,29 +22,50 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import socket
-import statistics
+import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-PY = sys.executable
-FLOOR = "floor"
-QW_SERVE = "qwenweb-serve"
-QW_UVICORN = "qwenweb-uvicorn"
-EVENTSTREAM = "eventstream"
-QW_BASELINE = "qwenweb-serve@baseline"
-CONTENDERS = (QW_SERVE, QW_UVICORN, EVENTSTREAM, FLOOR)
-TICKS = os.sysconf("SC_CLK_TCK")
+from bench import nchan
+from bench.h2bench import http2_fanout
+from bench.idle import idle_memory
+from bench.measure import (
+    correctness,
+    cpu_ratio,
+    fate,
+    fmt,
+    med,
+    median_ratio_line,
+    merge_correctness,
+    paired,
+    ratio_cell,
+    rotations,
+    run_loadgen,
+    spread,
+    stream_spec,
+)
+from bench.servers import (
+    CONTENDERS,
+    EVENTSTREAM,
+    FLOOR,
+    NCHAN,
+    PY,
+    QW_BASELINE,
+    QW_GRANIAN,
+    QW_SERVE,
+    REPO,
+    Server,
+    collect_static,
+    migrate_template,
+    raise_nofile,
+)
+
 # Scenario 7's events: big enough that a stalled reader's kernel buffers (a few MiB on
 # loopback) fill within the run, so the server's own policy is what is measured.
 SLOW_EVENT_BYTES = 4096
@@ -69,7 +84,7 @@ class Plan:
     fanout_n: int
     fanout_n_es: int
     latency_s: float
-    idle_subscribers: int
+    idle_counts: tuple[int, ...]
     idle_reps: int
     replay_n: int
     replay_n_es: int
@@ -80,291 +95,8 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, reps: int | None) -> Plan:
         if quick:
-            return cls(reps or 2, 5000, 500, 500, 200, 1.5, 200, 1, 8000, 500, 2.0, 1)
-        return cls(reps or 3, 20_000, 2000, 2000, 500, 10.0, 1000, 2, 8000, 2000, 5.0, 3)
-
-
-# -- servers ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Server:
-    """One contender's server process."""
-
-    name: str
-    workdir: Path
-    template_db: Path
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    #: A database shared with other processes of one deployment (else a copy per start).
-    shared_db: Path | None = None
-    #: The checkout the server runs from (``--baseline-tree`` for the baseline contender).
-    tree: Path = REPO
-
-    def argv(self) -> list[str]:
-        port = str(self.port)
-        if self.name in (QW_SERVE, QW_BASELINE):
-            return [PY, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", port]
-        if self.name == QW_UVICORN:
-            return [
-                PY, "-m", "uvicorn", "qwenweb.asgi:application", "--host", "127.0.0.1",
-                "--port", port, "--lifespan", "off", "--log-level", "warning",
-                "--no-access-log",
-            ]  # fmt: skip
-        if self.name == EVENTSTREAM:
-            return [
-                PY, "-m", "daphne", "-b", "127.0.0.1", "-p", port,
-                "bench.eventstream_asgi:application",
-            ]  # fmt: skip
-        return [PY, "-m", "bench.floor_server", port]
-
-    def env(self, db: Path) -> dict[str, str]:
-        env = os.environ.copy()
-        env.update(
-            DATABASE_URL=f"sqlite:///{db}",
-            DJANGO_DEBUG="0",
-            DJANGO_SECRET_KEY="bench-only-secret-key-not-for-production",
-            DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-            QWENWEB_LOG_LEVEL="ERROR",
-            QWENWEB_ACCESS_LOG_LEVEL="WARNING",
-            # Scenario 5 opens 1000 streams on one session; the default limit is 64.
-            QWENWEB_MAX_SUBSCRIBERS="2000",
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(self.extra_env)
-        env["DJANGO_SETTINGS_MODULE"] = (
-            "bench.eventstream_settings" if self.name == EVENTSTREAM else
-            "bench.qwenweb_bench_settings"
-        )  # fmt: skip
-        return env
-
-    def start(self) -> Server:
-        self.stop()
-        self.port = free_port()
-        db = self.shared_db or self.workdir / f"{self.name}-{self.port}.sqlite3"
-        if self.shared_db is None:
-            shutil.copy(self.template_db, db)
-        log = (self.workdir / f"{self.name}.log").open("ab")
-        self.process = subprocess.Popen(
-            self.argv(), cwd=self.tree, env=self.env(db), stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
-            try:
-                post_json(self.port, "/bench/ping", method="GET")
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not start in 30 s: {self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self.process = None
-
-    def log_tail(self) -> str:
-        path = self.workdir / f"{self.name}.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
-
-    def _status(self, key: str) -> int:
-        assert self.process is not None
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith(key):
-                return int(line.split()[1])
-        return 0
-
-    def rss_kib(self) -> int:
-        return self._status("VmRSS:")
-
-    def threads(self) -> int:
-        return self._status("Threads:")
-
-    def cpu_s(self) -> float:
-        assert self.process is not None
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
-
-    def new_channel(self, **query: str) -> dict[str, Any]:
-        suffix = "?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else ""
-        return post_json(self.port, "/bench/session" + suffix)
-
-    def stream_headers(self, channel: dict[str, Any]) -> list[list[str]]:
-        token = channel.get("token")
-        return [["Authorization", f"Bearer {token}"]] if token else []
-
-    def cursor(self, channel: dict[str, Any], last_id: int) -> str:
-        return f"{channel['channel']}:{last_id}" if self.name == EVENTSTREAM else str(last_id)
-
-
-def post_json(port: int, target: str, method: str = "POST", timeout_s: float = 120) -> Any:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{target}", method=method, data=b"")
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
-
-
-def migrate_template(workdir: Path, tree: Path = REPO, name: str = "template") -> Path:
-    """A database migrated by ``tree``'s own migrations (each checkout gets its schema)."""
-    db = workdir / f"{name}.sqlite3"
-    env = os.environ.copy()
-    env.update(DATABASE_URL=f"sqlite:///{db}", DJANGO_SETTINGS_MODULE="qwenweb.settings")
-    subprocess.run([PY, "manage.py", "migrate", "-v0"], cwd=tree, env=env, check=True, timeout=300)
-    return db
-
-
-# -- measurements -----------------------------------------------------------------------
-
-
-@dataclass
-class Measured:
-    """One load generator run against one server, with the server's resource use."""
-
-    result: dict[str, Any]
-    server_cpu_s: float
-    rss_series: list[tuple[float, int]] = field(default_factory=list)
-
-
-def spawn_loadgen(spec: dict[str, Any], *, interactive: bool = False) -> subprocess.Popen[bytes]:
-    """Start ``python -m bench.loadgen <spec>``; ``interactive`` gives it a stdin to hold
-    its streams open until told to close them (stderr is then discarded)."""
-    return subprocess.Popen(
-        [PY, "-m", "bench.loadgen", json.dumps(spec)],
-        cwd=REPO,
-        stdin=subprocess.PIPE if interactive else None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if interactive else subprocess.PIPE,
-    )
-
-
-def run_loadgen(server: Server, spec: dict[str, Any], sample_every_s: float = 0.25) -> Measured:
-    """Run ``bench.loadgen`` with ``spec`` against ``server``; sample the server meanwhile."""
-    spec = {"port": server.port, **spec}
-    cpu_before = server.cpu_s()
-    started = time.monotonic()
-    series: list[tuple[float, int]] = []
-    limit_s = float(spec.get("timeout_s", 60)) + float(spec.get("stall_drain_s", 0)) + 30
-    process = spawn_loadgen(spec)
-    output: dict[str, bytes] = {}
-
-    def communicate() -> None:
-        output["out"], output["err"] = process.communicate()
-
-    reader = threading.Thread(target=communicate)
-    reader.start()
-    while reader.is_alive() and time.monotonic() - started < limit_s:
-        series.append((round(time.monotonic() - started, 3), server.rss_kib()))
-        reader.join(sample_every_s)
-    if reader.is_alive():
-        process.kill()
-        reader.join(10)
-        return Measured({"error": "load generator timed out"}, server.cpu_s() - cpu_before, series)
-    cpu = server.cpu_s() - cpu_before
-    series.append((round(time.monotonic() - started, 3), server.rss_kib()))
-    lines = output.get("out", b"").decode().strip().splitlines()
-    if process.returncode != 0 or not lines:
-        err = output.get("err", b"").decode(errors="replace")[-1500:]
-        return Measured({"error": f"load generator failed: {err}"}, cpu, series)
-    return Measured(json.loads(lines[-1]), cpu, series)
-
-
-def rotations(names: tuple[str, ...], reps: int) -> Iterator[tuple[int, str]]:
-    """Yield (repetition, contender) in a rotating order: A B C D, B C D A, ..."""
-    for rep in range(reps):
-        shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:
-            yield rep, name
-
-
-def stream_spec(
-    server: Server, channel: dict[str, Any], n: int, subscribers: int, query: str, **extra: Any
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "path": channel["path"] + extra.pop("path_suffix", ""),
-        "headers": server.stream_headers(channel),
-        "subscribers": subscribers,
-        "n": n,
-        "trigger": f"/bench/burst?channel={channel['channel']}&n={n}&{query}",
-        "timeout_s": 90,
-    }
-    spec.update(extra)
-    return spec
-
-
-def correctness(result: dict[str, Any]) -> str:
-    """One loud cell: OK, or what went wrong (loss, duplicates, parser disagreement)."""
-    if "error" in result:
-        return f"**{result['error'][:80]}**"
-    problems = []
-    if result.get("lost_silent"):
-        problems.append(f"LOST {result['lost_silent']}")
-    if result.get("dup"):
-        problems.append(f"DUP {result['dup']}")
-    if result.get("out_of_range"):
-        problems.append(f"BAD SEQ {result['out_of_range']}")
-    if result.get("timed_out_subs"):
-        problems.append(f"TIMEOUT {result['timed_out_subs']} subs")
-    check = result.get("parser_check", "ok")
-    if check not in ("ok", "skipped"):
-        problems.append(check)
-    return "OK" if not problems else "**" + ", ".join(problems) + "**"
-
-
-def merge_correctness(cells: list[str]) -> str:
-    bad = [cell for cell in cells if cell != "OK"]
-    return "OK" if not bad else " / ".join(dict.fromkeys(bad))
-
-
-def med(values: list[float | None] | list[float]) -> float | None:
-    clean = [v for v in values if v is not None and v == v]
-    return statistics.median(clean) if clean else None
-
-
-def spread(values: list[float | None] | list[float]) -> str:
-    clean = [v for v in values if v is not None and v == v]
-    if not clean:
-        return "-"
-    return f"{fmt(min(clean))}–{fmt(max(clean))}"
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or value != value:
-        return "-"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}g}"
-
-
-def ratio_cell(values: list[float | None]) -> str:
-    clean = [v for v in values if v is not None and v == v]
-    if not clean:
-        return "-"
-    middle = statistics.median(clean)
-    if len(clean) == 1:
-        return f"{middle:.2f}×"
-    return f"{middle:.2f}× ({min(clean):.2f}–{max(clean):.2f})"
-
-
-def paired(per_rep: dict[str, dict[int, float | None]], name: str, base: str) -> list[float | None]:
-    """Ratios ``name / base`` taken repetition by repetition (same run, adjacent in time)."""
-    out: list[float | None] = []
-    for rep, value in per_rep.get(name, {}).items():
-        other = per_rep.get(base, {}).get(rep)
-        out.append(value / other if value and other else None)
-    return out
+            return cls(reps or 2, 5000, 500, 500, 200, 1.5, (1000,), 1, 8000, 500, 2.0, 1)
+        return cls(reps or 3, 20_000, 2000, 2000, 500, 10.0, (1000, 10_000), 2, 8000, 2000, 5.0, 3)
 
 
 # -- scenarios --------------------------------------------------------------------------
@@ -379,17 +111,25 @@ class Bench:
         workdir: Path,
         log: Callable[[str], None],
         baseline_tree: Path | None = None,
+        contenders: tuple[str, ...] = CONTENDERS,
     ) -> None:
         self.plan = plan
         self.workdir = workdir
         self.log = log
         self.template = migrate_template(workdir)
-        self.contenders = CONTENDERS + ((QW_BASELINE,) if baseline_tree else ())
-        self.servers = {name: Server(name, workdir, self.template) for name in self.contenders}
+        self.contenders = contenders + ((QW_BASELINE,) if baseline_tree else ())
+        if NCHAN in self.contenders:
+            nchan.ensure_installed(log)
+        self.static_root = collect_static(workdir)
+        self.servers = {
+            name: Server(name, workdir, self.template, static_root=self.static_root)
+            for name in self.contenders
+        }
         if baseline_tree is not None:
             baseline = self.servers[QW_BASELINE]
             baseline.tree = baseline_tree
             baseline.template_db = migrate_template(workdir, baseline_tree, "baseline")
+            baseline.static_root = collect_static(workdir, baseline_tree, "baseline-static")
         self.results: dict[str, Any] = {}
         self.tables: list[str] = []
 
@@ -504,15 +244,29 @@ class Bench:
                 f"| {name} | {count:,} × {subscribers} | {fmt(med(values))} | {spread(values)} | "
                 f"{ratio_cell(paired(per_rep, name, FLOOR))} | "
                 f"{ratio_cell(paired(per_rep, name, EVENTSTREAM))} | {fmt(med(cpu[name]))} | "
-                f"{_cpu_ratio(floor_cpu, med(cpu[name]))} | "
+                f"{cpu_ratio(floor_cpu, med(cpu[name]))} | "
                 f"{fmt(100 * (med(client_cpu[name]) or 0), 2)} % | "
                 f"{merge_correctness(cells[name])} |"
             )
-        baseline = ""
+        targets = {1: 1.5, 64: 0.9}  # issue 12's Done-when (quick run, 3 repetitions)
+        checks = [
+            median_ratio_line(name, FLOOR, paired(per_rep, name, FLOOR), targets.get(subscribers))
+            for name in (QW_SERVE, QW_GRANIAN, NCHAN)
+            if name in self.contenders
+        ]
+        if NCHAN in self.contenders:
+            checks += [
+                median_ratio_line(name, NCHAN, paired(per_rep, name, NCHAN))
+                for name in (QW_SERVE, QW_GRANIAN)
+                if name in self.contenders
+            ]
+        for line in checks:
+            self.log(f"  {key} {line}")
+        baseline = "\n" + "\n\n".join(checks) + "\n" if checks else ""
         if QW_BASELINE in self.contenders:
             by_cpu = paired(cpu_per_rep, QW_SERVE, QW_BASELINE)
             by_rate = paired(per_rep, QW_SERVE, QW_BASELINE)
-            baseline = (
+            baseline += (
                 f"\n`{QW_SERVE}` against `{QW_BASELINE}` (the same server from the baseline "
                 f"checkout), per repetition: CPU per delivery {ratio_cell(by_cpu)}, "
                 f"deliveries/s {ratio_cell(by_rate)}.\n"
@@ -574,86 +328,6 @@ class Bench:
             f"{self.plan.reps} alternated repetitions.\n\n" + "\n".join(rows) + "\n"
         )
 
-    # S5 ------------------------------------------------------------------------------
-
-    def idle_memory(self) -> None:
-        self.log("S5 idle memory")
-        count = self.plan.idle_subscribers
-        per_sub: dict[str, list[float]] = {}
-        threads: dict[str, list[float]] = {}
-        opened: dict[str, list[int]] = {}
-        raw: dict[str, list[Any]] = {}
-        for rep, name in rotations(self.contenders, self.plan.idle_reps):
-            server = self.servers[name].start()  # a fresh process: RSS deltas are its own
-            channel = server.new_channel()
-            warm = self._hold_idle(server, self._idle_spec(server, channel, 8))
-            time.sleep(0.5)
-            rss0, threads0 = server.rss_kib(), server.threads()
-            outcome = self._hold_idle(server, self._idle_spec(server, channel, count))
-            rss1, threads1, ready = outcome
-            per_sub.setdefault(name, []).append((rss1 - rss0) / max(1, ready))
-            threads.setdefault(name, []).append(threads1 - threads0)
-            opened.setdefault(name, []).append(ready)
-            raw.setdefault(name, []).append(
-                {"rep": rep, "rss0_kib": rss0, "rss1_kib": rss1, "threads0": threads0,
-                 "threads1": threads1, "ready": ready, "warmup_ready": warm[2]}
-            )  # fmt: skip
-            self.log(f"  rep {rep} {name}: {ready} open, {fmt(per_sub[name][-1])} KiB/sub, "
-                     f"threads {threads0}->{threads1}")  # fmt: skip
-        rows = [
-            "| contender | streams open | RSS KiB per idle subscriber, median | spread | "
-            "× floor | OS threads added |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        floor = med(per_sub[FLOOR]) or None
-        for name in self.contenders:
-            value = med(per_sub[name])
-            rows.append(
-                f"| {name} | {min(opened[name])} of {count} | {fmt(value)} | "
-                f"{spread(per_sub[name])} | "
-                f"{fmt(value / floor if value and floor else None)}× | "
-                f"{fmt(med(threads[name]))} |"
-            )
-        self.results["S5"] = {"per_sub_kib": per_sub, "threads_added": threads, "runs": raw}
-        self.tables.append(
-            f"### 5. Idle memory: {count:,} idle subscribers\n\n"
-            "Each repetition restarts the server, opens 8 streams to warm it up, then "
-            f"{count:,} more on one session (qwenweb's per-session limit is raised to 2000 "
-            "with `QWENWEB_MAX_SUBSCRIBERS` for this), and divides the growth of the server's "
-            f"RSS by the streams open. {self.plan.idle_reps} repetitions.\n\n"
-            + "\n".join(rows)
-            + "\n"
-        )
-
-    def _idle_spec(self, server: Server, channel: dict[str, Any], count: int) -> dict[str, Any]:
-        return {
-            "mode": "idle",
-            "path": channel["path"],
-            "headers": server.stream_headers(channel),
-            "subscribers": count,
-            "timeout_s": 120,
-        }
-
-    def _hold_idle(self, server: Server, spec: dict[str, Any]) -> tuple[int, int, int]:
-        """Open the idle streams, wait until RSS settles, sample, then close them."""
-        process = spawn_loadgen({"port": server.port, **spec}, interactive=True)
-        assert process.stdin is not None
-        assert process.stdout is not None
-        ready = 0
-        try:
-            line = _readline_bounded(process, 150)
-            ready = int(json.loads(line).get("ready", 0)) if line else 0
-            time.sleep(1.0)  # let the server finish what the last connections started
-            rss, threads = server.rss_kib(), server.threads()
-            process.stdin.write(b"close\n")
-            process.stdin.flush()
-            process.wait(timeout=60)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-        return rss, threads, ready
-
     # S6 ------------------------------------------------------------------------------
 
     def replay(self) -> None:
@@ -666,16 +340,17 @@ class Bench:
             server = self.servers[name]
             n = self.n_for(name, self.plan.replay_n, self.plan.replay_n_es)
             channel = server.new_channel()
-            post_json(server.port, f"/bench/burst?channel={channel['channel']}&n={n}&size=200")
+            server.publish_now(channel, f"n={n}&size=200")
             replay = run_loadgen(
                 server,
                 {
-                    "path": channel["path"],
+                    "path": server.replay_path(channel),
                     "headers": server.stream_headers(channel),
                     "subscribers": 1,
                     "n": n,
                     "last_event_id": server.cursor(channel, 0),
                     "timeout_s": 90,
+                    **({"id_format": "nchan"} if name == NCHAN else {}),
                 },
             ).result
             live_channel = server.new_channel()
@@ -754,7 +429,7 @@ class Bench:
                 growth = (series[-1][1] - series[0][1]) / 1024 if series else None
                 rss.setdefault(name, {}).setdefault(variant, []).append(growth)
                 if stalled:
-                    fates.setdefault(name, []).append(_fate(result))
+                    fates.setdefault(name, []).append(fate(result))
                 self.log(f"  rep {rep} {name} {variant}: p99 "
                          f"{fmt(p99[name][variant][-1])} ms {cells[name][-1]}")  # fmt: skip
         rows = [
@@ -792,15 +467,22 @@ class Bench:
     def burst(self) -> None:
         self.log("Burst: 1,000 events in one event-loop turn")
         n = self.plan.burst_n
-        cases = [
-            (QW_SERVE, {}, "", "default maxQueued (256)"),
-            (QW_SERVE, {}, "?maxQueued=2048", "maxQueued=2048"),
-            (QW_UVICORN, {}, "", "default maxQueued (256)"),
-            (QW_UVICORN, {}, "?maxQueued=2048", "maxQueued=2048"),
-            (EVENTSTREAM, {}, "", "with storage"),
-            (EVENTSTREAM, {"nostore": "1"}, "", "without storage"),
-            (FLOOR, {}, "", ""),
-        ]
+        cases: list[tuple[str, dict[str, str], str, str]] = []
+        for name in self.contenders:
+            if name == EVENTSTREAM:
+                cases += [
+                    (name, {}, "", "with storage"),
+                    (name, {"nostore": "1"}, "", "without storage"),
+                ]
+            elif name == NCHAN:
+                cases.append((name, {}, "", f"{n:,} POSTs pipelined on one connection"))
+            elif name == FLOOR:
+                cases.append((name, {}, "", ""))
+            else:
+                cases += [
+                    (name, {}, "", "default maxQueued (256)"),
+                    (name, {}, "?maxQueued=2048", "maxQueued=2048"),
+                ]
         rows = [
             "| contender | configuration | subscribers | delivered per subscriber | "
             "announced by `client_evicted` | lost silently | duplicated | verdict |",
@@ -835,33 +517,6 @@ class Bench:
             'silently. (django-eventstream publishes from a thread, so "one turn" means '
             "back to back.)\n\n" + "\n".join(rows) + "\n"
         )
-
-
-def _cpu_ratio(floor_cpu: float | None, cpu: float | None) -> str:
-    """Floor CPU per delivery ÷ this contender's: a throughput ratio that the load
-    generator cannot cap (it is not busy-waiting on a saturated client)."""
-    return f"{floor_cpu / cpu:.2f}×" if floor_cpu and cpu else "-"
-
-
-def _readline_bounded(process: subprocess.Popen[bytes], timeout_s: float) -> bytes:
-    box: list[bytes] = []
-    assert process.stdout is not None
-    stdout = process.stdout
-    thread = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return box[0] if box else b""
-
-
-def _fate(result: dict[str, Any]) -> str:
-    if "error" in result:
-        return "error"
-    detail = (result.get("stalled_detail") or [{}])[0]
-    terminal = detail.get("terminal")
-    got = detail.get("received", 0)
-    if terminal == "client_evicted":
-        return f"evicted after {got:,} events ({detail.get('warnings', 0)} warning)"
-    return f"{terminal or 'open'}, got {got:,} of {result.get('n', 0):,}"
 
 
 # -- machine and main -------------------------------------------------------------------
@@ -900,14 +555,15 @@ def _git(*args: str) -> str:
     return done.stdout.decode(errors="replace").strip()
 
 
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "burst")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "burst")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run",
-        description="Benchmark qwenweb (daphne + flow control, uvicorn) against "
-        "django-eventstream (daphne) and a raw-asyncio floor; prints markdown tables.",
+        description="Benchmark qwenweb (its production entry point, granian, daphne + flow "
+        "control, uvicorn) against django-eventstream (daphne), nginx + Nchan and a "
+        "raw-asyncio floor; prints markdown tables.",
     )
     parser.add_argument("--quick", action="store_true", help="smaller counts (< 2 minutes)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
@@ -917,15 +573,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, help="repetitions per comparison (default 3; 2 quick)")
     parser.add_argument(
+        "--contenders",
+        help=f"comma-separated subset of {','.join(CONTENDERS)} (default: all; {FLOOR} "
+        "is always in)",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
         help="also run `python -m qwenweb.serve` from this checkout (contender "
         f"{QW_BASELINE}), to compare a change with the code before it in one run",
     )
     args = parser.parse_args(argv)
+    given = [shlex.quote(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     if args.baseline_tree is not None and not (args.baseline_tree / "qwenweb").is_dir():
         parser.error(f"--baseline-tree {args.baseline_tree}: no qwenweb/ package there")
     only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    if only - set(SCENARIOS):
+        parser.error(f"--only: unknown {','.join(sorted(only - set(SCENARIOS)))}")
+    contenders: tuple[str, ...] = CONTENDERS
+    if args.contenders:
+        wanted = set(args.contenders.split(",")) | {FLOOR}
+        if wanted - set(CONTENDERS):
+            parser.error(f"--contenders: unknown {','.join(sorted(wanted - set(CONTENDERS)))}")
+        contenders = tuple(name for name in CONTENDERS if name in wanted)
+    raise_nofile()  # the servers and load generators inherit it (10,000 idle streams)
     plan = Plan.make(args.quick, args.reps)
     started = time.monotonic()
 
@@ -936,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {info}")
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="qwenweb-bench-", dir=root) as tmp:
-        bench = Bench(plan, Path(tmp), log, args.baseline_tree)
+        bench = Bench(plan, Path(tmp), log, args.baseline_tree, contenders)
         try:
             if "S1" in only:
                 bench.s1_inprocess(args.quick)
@@ -955,17 +626,19 @@ def main(argv: list[str] | None = None) -> int:
                 bench.replay()
             if "S7" in only:
                 bench.slow_client()
+            if "S8" in only:
+                http2_fanout(bench)
             if "burst" in only:
                 bench.burst()
             if "S5" in only:
-                bench.idle_memory()  # last: it restarts every server
+                idle_memory(bench)  # last: it restarts every server
         finally:
             bench.stop_all()
             logs = {name: server.log_tail() for name, server in bench.servers.items()}
     elapsed = time.monotonic() - started
     info["loadavg_end"] = os.getloadavg()
     header = (
-        f"Run: `python -m bench.run{' --quick' if args.quick else ''}` in {elapsed:.0f} s; "
+        f"Run: `{' '.join(['python -m bench.run', *given])}` in {elapsed:.0f} s; "
         f"{info['nproc']} CPUs ({info['cpu']}), {info['memory_gib']} GiB, Python "
         f"{info['python']}; load average {info['loadavg_start'][0]:.2f} at start, "
         f"{info['loadavg_end'][0]:.2f} at end; commit {info['git']} with "

@@ -35,20 +35,18 @@ from typing import Any
 
 import redis
 
-from bench.run import (
-    QW_SERVE,
-    Server,
+from bench.measure import (
     correctness,
     fmt,
     med,
     merge_correctness,
-    migrate_template,
     paired,
     ratio_cell,
     rotations,
     run_loadgen,
     spread,
 )
+from bench.servers import QW_SERVE, Server, collect_static, migrate_template
 
 REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 MEMORY_1 = "memory ×1"
@@ -124,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="qwenweb-scaleout-") as tmp:
         workdir = Path(tmp)
         template = migrate_template(workdir)
+        static = collect_static(workdir)  # the servers inherit this process's environment
+        if static is not None:
+            os.environ["DJANGO_STATIC_ROOT"] = str(static)
         try:
             for rep, name in rotations(CONTENDERS, reps):
                 with deployment(name, workdir, template, prefix) as servers:
