@@ -3,7 +3,9 @@
 ``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventStream`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
-including ``POST`` to the same path, goes to Django.
+including ``POST`` to the same path, goes to Django. ``/healthz``, ``/readyz`` and
+``/metrics`` are answered first, by :class:`sessions.ops.probes.ProbeApplication`, before
+Django's ``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
 """
 
 import os
@@ -18,6 +20,7 @@ django_application: Any = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
@@ -25,14 +28,16 @@ stream_application: Any = SessionEventStream(django_application)
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter(
-            [
-                path(
-                    "session/<str:session_id>/events",
-                    stream_application,
-                ),
-                re_path(r"", django_application),
-            ]
+        "http": ProbeApplication(
+            URLRouter(
+                [
+                    path(
+                        "session/<str:session_id>/events",
+                        stream_application,
+                    ),
+                    re_path(r"", django_application),
+                ]
+            )
         ),
     }
 )

@@ -10,6 +10,7 @@ own limits come from :mod:`sessions.bus`). :func:`get_config` returns a frozen
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -50,6 +51,11 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "METRICS": "QWENWEB_METRICS",
+    "METRICS_TOKEN": "QWENWEB_METRICS_TOKEN",
+    "METRICS_ALLOWED_NETS": "QWENWEB_METRICS_ALLOWED_NETS",
+    "METRICS_FLUSH_INTERVAL_S": "QWENWEB_METRICS_FLUSH_INTERVAL_S",
+    "DRAIN_S": "QWENWEB_DRAIN_S",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -71,6 +77,11 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "METRICS": True,
+    "METRICS_TOKEN": "",
+    "METRICS_ALLOWED_NETS": ("127.0.0.0/8", "::1/128"),
+    "METRICS_FLUSH_INTERVAL_S": 1.0,
+    "DRAIN_S": 10.0,
 }
 
 # key -> (kind, minimum, maximum)
@@ -90,8 +101,12 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    "METRICS_FLUSH_INTERVAL_S": (float, 0.01, 60),
+    "DRAIN_S": (float, 0, 600),
 }
 _BACKEND_ALIASES: Final = ("memory", "redis")
+_BOOL_WORDS: Final = {"1": True, "true": True, "yes": True, "on": True, "0": False,
+                      "false": False, "no": False, "off": False}  # fmt: skip
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://")
@@ -123,6 +138,18 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: Whether ``/metrics`` is served and the metrics listener counts (``QWENWEB_METRICS=0``:
+    #: off, e.g. for a bench A/B).
+    metrics: bool
+    #: A bearer token that may read ``/metrics`` from anywhere; empty: none.
+    metrics_token: str
+    #: Client networks that may read ``/metrics`` without a token (never trusted when the
+    #: request carries forwarding headers).
+    metrics_allowed_nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    #: How often the per-frame counters are handed to Prometheus (seconds).
+    metrics_flush_interval_s: float
+    #: Graceful drain: open streams end spread over this many seconds at shutdown.
+    drain_s: float
 
 
 def _raw_values() -> dict[str, Any]:
@@ -156,6 +183,14 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
     if key == "CORS_ALLOWED_ORIGINS":
         return _coerce_origins(source, raw)
+    if key == "METRICS":
+        return _coerce_bool(source, raw)
+    if key == "METRICS_TOKEN":
+        if isinstance(raw, str) and (raw == "" or (len(raw) >= 16 and raw.isprintable())):
+            return raw.strip(), None
+        return None, f"{source} must be empty or at least 16 printable characters"
+    if key == "METRICS_ALLOWED_NETS":
+        return _coerce_nets(source, raw)
     kind, low, high = _RANGES[key]
     value: Any
     try:
@@ -189,6 +224,31 @@ def _coerce_origins(source: str, raw: Any) -> tuple[Any, str | None]:
                 f"and host, optional port, no path, no '*'); got {item!r}"
             )
     return tuple(dict.fromkeys(items)), None
+
+
+def _coerce_bool(source: str, raw: Any) -> tuple[Any, str | None]:
+    if isinstance(raw, bool):
+        return raw, None
+    if isinstance(raw, str) and raw.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[raw.strip().lower()], None
+    return None, f"{source} must be a boolean (1/0, true/false, on/off); got {raw!r}"
+
+
+def _coerce_nets(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``METRICS_ALLOWED_NETS``: CIDR networks, a list or a comma-separated string."""
+    if isinstance(raw, str):
+        items: Any = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        return None, f"{source} must be a list of networks like '10.0.0.0/8'; got {raw!r}"
+    nets = []
+    for item in items:
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except (TypeError, ValueError):
+            return None, f"{source} must hold networks like '10.0.0.0/8' or '::1/128'; got {item!r}"
+    return tuple(nets), None
 
 
 def config_errors() -> list[str]:

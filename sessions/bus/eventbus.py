@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -273,6 +274,7 @@ class EventBus:
         self._next_id = event_id + 1
         self._ring.append(frame)  # deque(maxlen=...) drops the oldest in O(1)
         self._counters.published += 1
+        frame.accepted_at = time.monotonic()
         evicted: list[tuple[Subscription, str]] = []
         for sub in self._subscribers:
             reason = sub._push(frame)

@@ -67,9 +67,12 @@ class Frame(Mapping[str, Any]):
             the data could not be serialized (EB-2) or for a synthetic frame whose bytes
             the writer produces itself (synthetic frames get a timestamp at write time).
         nbytes: ``len(json)`` (0 when ``json`` is None): what counts against the byte cap.
+        accepted_at: ``time.monotonic()`` when a bus of this process accepted the event
+            (``publish`` or ``ingest``); 0.0 for a synthetic frame. Operators measure the
+            delivery latency from it.
     """
 
-    __slots__ = ("_fields", "id", "json", "nbytes", "type")
+    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "type")
 
     def __init__(self, fields: dict[str, Any], json: bytes | None) -> None:
         self._fields = MappingProxyType(fields)
@@ -77,6 +80,7 @@ class Frame(Mapping[str, Any]):
         self.type: str = fields["type"]
         self.json = json
         self.nbytes = len(json) if json is not None else 0
+        self.accepted_at = 0.0
 
     @property
     def synthetic(self) -> bool:

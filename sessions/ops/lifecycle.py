@@ -17,22 +17,30 @@ What "never lose them on a clean shutdown" means here
     on its row too (``Backend.flush_all``), so the admin's fallback numbers
     are the final ones. The sequence, :func:`shutdown`, runs on the loop:
 
+    0. the graceful drain (:func:`drain`): ``/readyz`` turns 503, new streams get
+       ``stream_error`` (``server_draining``) and a jittered ``retry:``, and the open
+       streams end one by one spread over ``DRAIN_S`` seconds, each with the same
+       terminal frame and its own jittered ``retry:``: their clients resume on the other
+       processes without a reconnect storm;
     1. wait until every open stream has recorded its end, at most
        :data:`SHUTDOWN_TIMEOUT_S`; close those still open as ``server_shutdown``;
     2. write every pending record, then save each loaded session's counters.
 
     How the streams come to an end, and where the sequence is hooked:
 
-    - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
-      trigger cancels every application instance (each stream records
+    - Any server that installed SIGINT/SIGTERM handlers (Twisted for daphne, ``serve``
+      and ``runserver --noreload``; uvicorn): ours wraps them. On the first signal the
+      sequence runs while the server still listens (the drain, then
+      ``bus.disconnect_all("server_shutdown")`` for any straggler), and only then is the
+      server's own handler called, so the server starts its shutdown with every stream
+      ended and everything written. A second signal goes to the server at once (uvicorn:
+      force quit; Twisted: stop now, without the rest of the drain).
+    - Twisted, stopped some other way (``reactor.stop()``): daphne's own ``before
+      shutdown`` trigger cancels every application instance (each stream records
       ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
-      trigger, runs the sequence, and the reactor waits for both before it stops.
-    - Any other server that installed SIGINT/SIGTERM handlers (uvicorn): ours wraps
-      them. On the first signal it ends every stream with a terminal frame
-      (``bus.disconnect_all("server_shutdown")``: clients reconnect after ``retry``),
-      runs the sequence, and only then calls the server's own handler, so the server
-      starts its shutdown with everything written. A second signal goes to the server
-      at once (uvicorn: force quit). uvicorn must be told to stop this way because after
+      trigger, runs the sequence without a drain window, and the reactor
+      waits for both before it stops.
+    - uvicorn must be told to stop this way because after
       a SIGTERM it re-raises the signal with its default action, which ends the process
       without running ``atexit``.
     - In every case, an ``atexit`` hook writes whatever is still pending synchronously,
@@ -48,9 +56,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import random
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
@@ -60,13 +70,16 @@ from sessions.backends import get_backend
 from sessions.hooks import Listener, hooks
 from sessions.ops.feed import feed
 from sessions.ops.records import recorder
+from sessions.transport.stream import drain_frame, drain_retry_ms
 
-__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "flush_at_exit", "listener", "shutdown"]
+__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "drain", "flush_at_exit", "listener", "shutdown"]
 
 logger = logging.getLogger("qwenweb.lifecycle")
 
 SHUTDOWN_TIMEOUT_S: Final = 10.0
 """Upper bound of the wait for the streams to record their end at shutdown."""
+
+_random = random.SystemRandom()  # jitter only; no secret depends on it
 
 
 class Lifecycle(Listener):
@@ -95,8 +108,10 @@ class Lifecycle(Listener):
         if not self._atexit_registered:
             atexit.register(flush_at_exit)
             self._atexit_registered = True
-        if not _hook_twisted(loop):
-            self._hook_signals(loop)
+        # Twisted (daphne) too: its own "before shutdown" trigger cancels every stream at
+        # once, so the drain must run before the reactor is told to stop.
+        _hook_twisted(loop, lambda: self._signalled)
+        self._hook_signals(loop)
 
     def _hook_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run :func:`shutdown` before the server's own SIGINT/SIGTERM handlers (uvicorn).
@@ -145,16 +160,25 @@ listener = Lifecycle()
 """The process's lifecycle listener (connected by ``sessions.apps``)."""
 
 
-async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
+async def shutdown(
+    timeout_s: float = SHUTDOWN_TIMEOUT_S,
+    *,
+    end_streams: bool = False,
+    drain_s: float | None = None,
+) -> None:
     """The clean-shutdown sequence on the loop (see the module docstring). Never raises.
 
-    With ``end_streams``, first end every subscriber of every loaded bus with a terminal
-    frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
-    streams themselves. From here on, streams record their end as ``server_shutdown``.
+    First the graceful drain (:func:`drain`, over ``drain_s`` seconds, default
+    ``DRAIN_S``): readiness turns 503, new streams are refused, open streams end spread
+    over the window. With ``end_streams``, then end every subscriber still attached with
+    a terminal frame (``disconnect_all("server_shutdown")``), for servers that do not
+    cancel their streams themselves. From the start on, streams record their end as
+    ``server_shutdown``.
     """
     hooks.shutting_down = True
     backend = get_backend()
     try:
+        await drain(backend.config.drain_s if drain_s is None else drain_s)
         if end_streams:
             backend.end_all_streams("server_shutdown")
         written = await recorder.drain(timeout_s)
@@ -163,6 +187,41 @@ async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool =
         await backend.aclose()
     except Exception:
         logger.exception("shutdown_flush_failed")
+
+
+async def drain(drain_s: float) -> int:
+    """End every open stream of this process, spread over ``drain_s`` seconds; return how many.
+
+    Sets ``hooks.draining`` first (``/readyz`` 503; the stream route refuses new streams
+    with ``stream_error`` ``server_draining``). The open streams, in random order, each
+    end at its own moment of the window (one per ``drain_s / n`` slice, uniformly within
+    it) with the terminal frame :func:`~sessions.transport.stream.drain_frame` and a
+    ``retry:`` drawn from ``DRAIN_RETRY_MS``: their clients come back to the other
+    processes spread over the window, never in one burst. Never raises.
+    """
+    hooks.draining = True
+    backend = get_backend()
+    streams = [
+        (live, subscription)
+        for live in backend.registry.values()
+        for subscription in live.bus.subscriptions()
+    ]
+    if not streams:
+        return 0
+    _random.shuffle(streams)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    logger.info("drain_started streams=%d drain_s=%g", len(streams), drain_s)
+    ended = 0
+    for index, (live, subscription) in enumerate(streams):
+        delay = start + drain_s * (index + _random.random()) / len(streams) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        retry_ms = drain_retry_ms()
+        subscription.end_note = {"reason": "server_draining", "retryMs": retry_ms}
+        ended += live.bus.disconnect(subscription, "server_draining", frame=drain_frame(retry_ms))
+    logger.info("drain_finished streams=%d took_s=%.2f", ended, loop.time() - start)
+    return ended
 
 
 def flush_at_exit() -> None:
@@ -180,8 +239,12 @@ def flush_at_exit() -> None:
         logger.info("exit_flushed records=%d", written)
 
 
-def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
-    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``."""
+def _hook_twisted(loop: asyncio.AbstractEventLoop, signalled: Callable[[], bool]) -> bool:
+    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``.
+
+    It runs :func:`shutdown` unless a signal already ran it (``signalled()``): the chained
+    signal handler stops the reactor only once the sequence is done.
+    """
     if "twisted.internet.reactor" not in sys.modules:
         return False
     from twisted.internet import reactor as installed
@@ -192,7 +255,10 @@ def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
     def before_shutdown() -> Any:
-        return Deferred.fromFuture(loop.create_task(shutdown()))
+        if signalled():
+            return None
+        # daphne cancels every stream itself meanwhile: nothing is left to spread out.
+        return Deferred.fromFuture(loop.create_task(shutdown(drain_s=0)))
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     return True
