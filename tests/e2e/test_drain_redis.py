@@ -17,7 +17,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,13 +59,17 @@ class Client:
     code: str = ""
 
 
-def _last_retry(body: bytes) -> int:
+def _last_retry(body: bytes | bytearray) -> int:
     values = re.findall(rb"^retry: (\d+)$", bytes(body), re.MULTILINE)
     return int(values[-1])
 
 
 async def _follow(
-    client: Client, a: ServerProcess, b: ServerProcess, session: RemoteSession, last_id: Callable
+    client: Client,
+    a: ServerProcess,
+    b: ServerProcess,
+    session: RemoteSession,
+    last_id: Callable[[], Awaitable[int]],
 ) -> None:
     stream = await open_stream(a.port, session.events_path, session.read_token)
     assert stream.status == 200
