@@ -39,6 +39,16 @@ def check_configuration() -> None:
         raise SystemExit(1) from None
 
 
+def clean_metrics_directory() -> None:
+    """With ``PROMETHEUS_MULTIPROC_DIR`` set, remove the metric files of processes that no
+    longer run (a previous run's workers), so their counts do not live on forever."""
+    from sessions.ops.metrics import multiprocess_dir, remove_files_of_dead_processes
+
+    directory = multiprocess_dir()
+    if directory is not None:
+        remove_files_of_dead_processes(directory)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the server with daphne's options from ``argv`` (default ``sys.argv[1:]``).
 
@@ -48,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(arg in ("-h", "--help") for arg in args):
         check_configuration()
+        clean_metrics_directory()
         args.append(APPLICATION)
     QwenwebCommandLine().run(args)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -55,7 +56,16 @@ from sessions.backends import get_backend
 from sessions.bus import EventBus, Frame
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "StreamMeter", "metrics", "multiprocess_dir", "render"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "Metrics",
+    "StreamMeter",
+    "metrics",
+    "multiprocess_dir",
+    "remove_dead_processes",
+    "remove_files_of_dead_processes",
+    "render",
+]
 
 logger = logging.getLogger("qwenweb.metrics")
 
@@ -364,6 +374,26 @@ def remove_dead_processes(directory: str) -> list[int]:
     for pid in dead:
         _mark_dead(pid, directory)
     return dead
+
+
+def remove_files_of_dead_processes(directory: str) -> list[int]:
+    """Delete every file in ``directory`` of a pid that no longer runs; return those pids.
+
+    For a server's start (``python -m qwenweb.serve``): the counters of a previous run's
+    processes leave the sums (Prometheus sees a counter reset). Never raises.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    dead: set[int] = set()
+    for name in names:
+        match = _PID_FILE.search(name)
+        if match and not _running(int(match.group(1))):
+            dead.add(int(match.group(1)))
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, name))
+    return sorted(dead)
 
 
 def _running(pid: int) -> bool:

@@ -191,12 +191,14 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
         await stream.read_events(3)
         assert connections(database, session.id) == []  # nothing written yet
         assert stop_with(server, sig) == 0
+        events = await stream.read_to_end()  # the drain's terminal frame came before the exit
     finally:
         stream.close()
+    assert json.loads(events[-1].data)["data"]["code"] == "server_draining"
     ended, still_open = connections(database, session.id)
     assert ended["end_reason"] == "client_disconnect"
     assert (still_open["client_id"], still_open["end_reason"]) == ("still-open", "server_shutdown")
-    assert (still_open["frames_sent"], still_open["bytes_sent"]) == (3, len(stream.body))
+    assert (still_open["frames_sent"], still_open["bytes_sent"]) == (4, len(stream.body))
     assert session_row(database, session.id)["events_published"] == 3
 
 
@@ -220,7 +222,7 @@ async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
         stream.close()
     assert [e.type for e in events] == ["note", "stream_error"]
     terminal = json.loads(events[-1].data)["data"]
-    assert (terminal["code"], terminal["reason"]) == ("server_disconnect", "server_shutdown")
+    assert terminal["code"] == "server_draining"  # the graceful drain ends it
     (row,) = connections(database, session.id)
     assert (row["end_reason"], row["end_payload"]) == ("server_shutdown", events[-1].data)
     assert (row["frames_sent"], row["bytes_sent"]) == (2, len(stream.body))
