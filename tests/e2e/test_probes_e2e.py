@@ -108,3 +108,24 @@ async def test_metrics_of_two_processes_are_sums_and_a_killed_ones_gauges_leave(
     assert sample(text, "qwenweb_events_published_total") == 5  # its counts stay
     for stream in streams:
         stream.close()
+
+
+def test_a_bad_host_header_logs_one_short_line_without_traceback(
+    e2e_database: Path, tmp_path: Path
+):
+    port = free_port()
+    env = server_env(e2e_database)
+    server = ServerProcess(serve_argv(port), port, env, tmp_path / "serve.log").start()
+    try:
+        before = len(server.log())
+        status, _ = get(f"{server.base_url}/capabilities", host="h" * 8192)
+        assert status == 400
+        assert get(f"{server.base_url}/healthz", host="h" * 100)[0] == 200
+        assert wait_for(lambda: "disallowed_host" in server.log()[before:], WAIT_S)
+    finally:
+        server.stop()
+    written = server.log()[before:]
+    lines = [line for line in written.splitlines() if "disallowed_host" in line]
+    assert len(lines) == 1
+    assert len(lines[0]) < 300
+    assert "Traceback" not in written
