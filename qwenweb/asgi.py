@@ -3,9 +3,10 @@
 ``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventStream`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
-including ``POST`` to the same path, goes to Django. ``/healthz``, ``/readyz`` and
-``/metrics`` are answered first, by :class:`sessions.ops.probes.ProbeApplication`, before
-Django's ``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
+including ``POST`` to the same path, goes to Django. The ASGI ``lifespan`` scope goes to
+:data:`sessions.ops.lifecycle.lifespan_app`. ``/healthz``, ``/readyz`` and ``/metrics`` are
+answered first, by :class:`sessions.ops.probes.ProbeApplication`, before Django's
+``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
 """
 
 import os
@@ -20,14 +21,19 @@ django_application: Any = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.ops.probes import ProbeApplication  # noqa: E402
+from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
 stream_application: Any = SessionEventStream(django_application)
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
+        # Startup attaches the server loop, shutdown ends the streams and flushes the
+        # records (sessions.ops.lifecycle.LifespanApp).
+        "lifespan": lifespan_app,
         "http": ProbeApplication(
             URLRouter(
                 [
@@ -41,3 +47,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# HTTP/2 clients may split their cookies into several headers: join them first
+# (sessions.transport.cookies).
+application = JoinCookieHeaders(router)

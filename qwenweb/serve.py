@@ -1,26 +1,41 @@
-"""Production entry point: daphne with flow control (``sessions.transport.flow_control``).
+"""Production entry point: ``python -m qwenweb.serve``, granian by default.
 
-Usage: ``python -m qwenweb.serve -b 0.0.0.0 -p 8000 [any other daphne option]``. The
-application is always ``qwenweb.asgi:application``; every option of the ``daphne``
-command works (``--help`` lists them).
+Usage::
+
+    python -m qwenweb.serve -b 127.0.0.1 -p 8000 [--certfile C --keyfile K]
+        [--workers N] [--proxy-headers] [--server granian|daphne] [daphne options]
+
+- ``--server granian`` (default): granian's ASGI server on uvloop, options built by
+  :func:`qwenweb.granian_server.granian_options` (HTTP/2 by ALPN with ``--certfile`` and
+  ``--keyfile``; static files from ``STATIC_ROOT`` when DEBUG is off; the request header
+  deadline ``REQUEST_HEADER_TIMEOUT_S``; limits for long-lived streams).
+- ``--server daphne``: today's daphne with flow control
+  (:class:`sessions.transport.flow_control.FlowControlServer`), HTTP/1.1 only; every other
+  option is passed to daphne. It serves no static file when DEBUG is off (it says so).
+
+Bad input exits with status 2 and one line saying what is wrong: an unknown ``--server``
+(the choices are listed), a certificate or key that is missing or unreadable (the file is
+named), only one of the two, ``--workers`` above 1 with a backend that holds sessions in
+one process, with DEBUG off a ``STATIC_ROOT`` without ``collectstatic``'s manifest. A
+failing system check exits 1 (:func:`check_configuration`).
+
+Before serving, the file-descriptor limit (``RLIMIT_NOFILE``) is raised to its hard limit
+(:func:`raise_fd_limit`): every open stream holds a descriptor.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import resource
 import sys
+from pathlib import Path
+from typing import Final, NoReturn
 
-from daphne.cli import CommandLineInterface
+from qwenweb.granian_server import APPLICATION, StaticMount
 
-from sessions.transport.flow_control import FlowControlServer
-
-APPLICATION = "qwenweb.asgi:application"
-
-
-class QwenwebCommandLine(CommandLineInterface):  # type: ignore[misc]  # daphne ships no types
-    """Daphne's command line with :class:`FlowControlServer` (EB-21)."""
-
-    server_class = FlowControlServer
+SERVERS: Final = ("granian", "daphne")
+"""The ``--server`` choices; the first is the default."""
 
 
 def check_configuration() -> None:
@@ -30,6 +45,7 @@ def check_configuration() -> None:
     import django
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError
+    from django.db import connections
 
     django.setup()
     try:
@@ -37,11 +53,14 @@ def check_configuration() -> None:
     except SystemCheckError as exc:
         sys.stderr.write(f"{exc}\n")
         raise SystemExit(1) from None
+    finally:
+        connections.close_all()  # the workers are forked from this process
 
 
 def clean_metrics_directory() -> None:
     """With ``PROMETHEUS_MULTIPROC_DIR`` set, remove the metric files of processes that no
-    longer run (a previous run's workers), so their counts do not live on forever."""
+    longer run (a previous run's workers), so their counts do not live on forever; the
+    workers of this run then share the directory (docs/operators.md, "The metrics")."""
     from sessions.ops.metrics import multiprocess_dir, remove_files_of_dead_processes
 
     directory = multiprocess_dir()
@@ -49,18 +68,177 @@ def clean_metrics_directory() -> None:
         remove_files_of_dead_processes(directory)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the server with daphne's options from ``argv`` (default ``sys.argv[1:]``).
+def raise_fd_limit() -> int:
+    """Raise this process's ``RLIMIT_NOFILE`` soft limit to its hard limit where allowed.
 
-    Raises ``SystemExit(1)`` when a system check fails (:func:`check_configuration`).
+    Returns the soft limit in force afterwards (descriptors). Never raises: a limit that
+    cannot be raised is kept (and returned).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            return soft
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"qwenweb.serve: error: {message}\n")
+    raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m qwenweb.serve",
+        description="Serve qwenweb (granian by default; --server daphne for daphne).",
+        epilog="With --server daphne, any other daphne option is passed on.",
+    )
+    parser.add_argument("-b", "--bind", default="127.0.0.1", help="address (127.0.0.1)")
+    parser.add_argument("-p", "--port", type=int, default=8000, help="port (8000)")
+    parser.add_argument("--certfile", type=Path, help="TLS certificate chain (PEM)")
+    parser.add_argument("--keyfile", type=Path, help="TLS private key (PEM, PKCS#8)")
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="worker processes (Redis backend)"
+    )
+    parser.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help="trust X-Forwarded-For/-Proto from 127.0.0.1 (behind nginx)",
+    )
+    # Checked by hand (not argparse's `choices`), so the message and status are ours.
+    parser.add_argument("--server", default=SERVERS[0], help=f"one of {', '.join(SERVERS)}")
+    return parser
+
+
+def _readable(option: str, path: Path | None) -> Path | None:
+    if path is None:
+        return None
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        _fail(f"{option} {path}: cannot read it ({exc.strerror or exc})")
+    return path
+
+
+def _check_workers(workers: int) -> None:
+    if workers < 1:
+        _fail(f"--workers must be at least 1; got {workers}")
+    if workers == 1:
+        return
+    from sessions.backends import resolve_backend
+    from sessions.conf import get_config
+
+    backend = get_config().backend
+    if not resolve_backend(backend).supports_multiple_processes:
+        _fail(
+            f"--workers {workers} needs a backend shared by several processes "
+            f"(QWENWEB_BACKEND=redis); the {backend!r} backend holds each session in one "
+            "process, so each worker would hand out its own ids for the same session"
+        )
+
+
+def static_mount() -> StaticMount | None:
+    """Where granian serves the static files from: ``STATIC_ROOT`` at ``STATIC_URL``,
+    with DEBUG off only (with DEBUG on, Django serves them from the app folders).
+
+    Exits 2 when DEBUG is off and ``collectstatic`` has not filled ``STATIC_ROOT``.
+    """
+    from django.conf import settings
+
+    if settings.DEBUG or "://" in settings.STATIC_URL:
+        return None
+    root = Path(settings.STATIC_ROOT)
+    if not (root / "staticfiles.json").is_file():
+        _fail(
+            f"STATIC_ROOT {root} has no staticfiles.json: run "
+            "`python manage.py collectstatic --noinput` with the same settings first"
+        )
+    return StaticMount("/" + settings.STATIC_URL.strip("/"), root)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve with the options of ``argv`` (default ``sys.argv[1:]``) until stopped.
+
+    Raises ``SystemExit(2)`` for bad options (module docstring) and ``SystemExit(1)``
+    when a system check fails.
     """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(arg in ("-h", "--help") for arg in args):
-        check_configuration()
-        clean_metrics_directory()
-        args.append(APPLICATION)
-    QwenwebCommandLine().run(args)
+    parser = build_parser()
+    if any(arg in ("-h", "--help") for arg in args):
+        parser.print_help()
+        return
+    options, rest = parser.parse_known_args(args)
+    if options.server not in SERVERS:
+        _fail(f"unknown --server {options.server!r}; choose one of: {', '.join(SERVERS)}")
+    certfile = _readable("--certfile", options.certfile)
+    keyfile = _readable("--keyfile", options.keyfile)
+    if (certfile is None) != (keyfile is None):
+        _fail("--certfile and --keyfile go together: give both or neither")
+    if options.server == "daphne":
+        _serve_daphne(options, rest)
+        return
+    if rest:
+        _fail(f"unknown option(s) for granian: {' '.join(rest)} (daphne's need --server daphne)")
+    check_configuration()
+    clean_metrics_directory()
+    _check_workers(options.workers)
+    from qwenweb.granian_server import granian_options, serve
+    from sessions.conf import get_config
+
+    serve(
+        granian_options(
+            bind=options.bind,
+            port=options.port,
+            workers=options.workers,
+            config=get_config(),
+            fd_limit=raise_fd_limit(),
+            certfile=certfile,
+            keyfile=keyfile,
+            static=static_mount(),
+            proxy_headers=options.proxy_headers,
+        )
+    )
+
+
+def _serve_daphne(options: argparse.Namespace, rest: list[str]) -> None:
+    """Today's daphne with flow control (HTTP/1.1; TLS through daphne's endpoints)."""
+    from daphne.cli import CommandLineInterface
+
+    from sessions.transport.flow_control import FlowControlServer
+
+    class QwenwebCommandLine(CommandLineInterface):  # type: ignore[misc]  # no types
+        """Daphne's command line with :class:`FlowControlServer` (EB-21)."""
+
+        server_class = FlowControlServer
+
+    if options.workers != 1:
+        _fail("--workers is for granian; run one daphne process per port instead")
+    if options.certfile is not None:
+        _fail("--certfile/--keyfile are for granian; daphne here speaks plain HTTP/1.1")
+    check_configuration()
+    clean_metrics_directory()
+    from django.conf import settings
+
+    if not settings.DEBUG:
+        sys.stderr.write(
+            "qwenweb.serve: daphne serves no static file with DEBUG off: serve STATIC_ROOT "
+            "from a front web server (docs/deployment.md), or use --server granian\n"
+        )
+    raise_fd_limit()
+    argv = ["-b", options.bind, "-p", str(options.port), *rest]
+    if options.proxy_headers:
+        argv.append("--proxy-headers")
+    QwenwebCommandLine().run([*argv, APPLICATION])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ demo (SQLite, in-memory bus, DEBUG on):
 | ``DATABASE_CONN_MAX_AGE`` | ``0`` | seconds a connection is kept (``DATABASE_URL`` only) |
 | ``LOG_FORMAT`` | ``text`` | ``json``: one JSON object per operator log line |
 | ``PROMETHEUS_MULTIPROC_DIR`` | unset | several worker processes: where their metrics meet |
+| ``DJANGO_STATIC_ROOT`` | ``<repo>/var/static`` | where ``collectstatic`` puts the static files |
 | ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
 """
 
@@ -136,7 +137,15 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", "") or BASE_DIR / "var" / "static")
+# Production (DEBUG off): `collectstatic` gives every file a hashed name, so the server can
+# let browsers cache them for a year (python -m qwenweb.serve serves STATIC_ROOT). With
+# DEBUG on, Django serves /static/ from the app folders: nothing to collect (the tests).
+if not DEBUG:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "qwenweb.storage.HashedStaticFilesStorage"},
+    }
 
 LOGIN_URL = "/admin/login/"
 

@@ -56,6 +56,8 @@ ENV_OVERRIDES: Final = {
     "METRICS_ALLOWED_NETS": "QWENWEB_METRICS_ALLOWED_NETS",
     "METRICS_FLUSH_INTERVAL_S": "QWENWEB_METRICS_FLUSH_INTERVAL_S",
     "DRAIN_S": "QWENWEB_DRAIN_S",
+    "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -82,6 +84,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "METRICS_ALLOWED_NETS": ("127.0.0.0/8", "::1/128"),
     "METRICS_FLUSH_INTERVAL_S": 1.0,
     "DRAIN_S": 10.0,
+    "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    "SERVER_BACKLOG": 4096,
 }
 
 # key -> (kind, minimum, maximum)
@@ -103,6 +107,10 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
     "METRICS_FLUSH_INTERVAL_S": (float, 0.01, 60),
     "DRAIN_S": (float, 0, 600),
+    # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
+    "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    # The listen queue (the kernel caps it at net.core.somaxconn).
+    "SERVER_BACKLOG": (int, 128, 65_535),
 }
 _BACKEND_ALIASES: Final = ("memory", "redis")
 _BOOL_WORDS: Final = {"1": True, "true": True, "yes": True, "on": True, "0": False,
@@ -150,6 +158,11 @@ class QwenwebConfig:
     metrics_flush_interval_s: float
     #: Graceful drain: open streams end spread over this many seconds at shutdown.
     drain_s: float
+    #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
+    #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
+    request_header_timeout_s: float
+    #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
+    server_backlog: int
 
 
 def _raw_values() -> dict[str, Any]:

@@ -60,6 +60,7 @@ import random
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
@@ -72,7 +73,16 @@ from sessions.ops.feed import feed
 from sessions.ops.records import recorder
 from sessions.transport.stream import drain_frame, drain_retry_ms
 
-__all__ = ["SHUTDOWN_TIMEOUT_S", "Lifecycle", "drain", "flush_at_exit", "listener", "shutdown"]
+__all__ = [
+    "SHUTDOWN_TIMEOUT_S",
+    "Lifecycle",
+    "LifespanApp",
+    "drain",
+    "flush_at_exit",
+    "lifespan_app",
+    "listener",
+    "shutdown",
+]
 
 logger = logging.getLogger("qwenweb.lifecycle")
 
@@ -160,6 +170,12 @@ listener = Lifecycle()
 """The process's lifecycle listener (connected by ``sessions.apps``)."""
 
 
+_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shutdown sequence running on each loop (a second caller joins it)."""
+
+
 async def shutdown(
     timeout_s: float = SHUTDOWN_TIMEOUT_S,
     *,
@@ -170,17 +186,36 @@ async def shutdown(
 
     First the graceful drain (:func:`drain`, over ``drain_s`` seconds, default
     ``DRAIN_S``): readiness turns 503, new streams are refused, open streams end spread
-    over the window. With ``end_streams``, then end every subscriber still attached with
-    a terminal frame (``disconnect_all("server_shutdown")``), for servers that do not
-    cancel their streams themselves. From the start on, streams record their end as
-    ``server_shutdown``.
+    over the window. Then every subscriber still attached (none, unless one slipped in
+    while the drain listed them) gets a terminal frame
+    (``disconnect_all("server_shutdown")``). From the start on, streams record their end
+    as ``server_shutdown``. ``end_streams`` is kept for the callers that ask for that last
+    step explicitly (servers that do not cancel their streams themselves): it always runs.
+
+    The one place that ends the streams and flushes the records at shutdown: the signal
+    hook, the ASGI lifespan (:class:`LifespanApp`) and Twisted's trigger all call it. A
+    call made while the sequence already runs on this loop (a signal and then
+    ``lifespan.shutdown``) waits for that run instead of starting a second one, and does
+    not end the streams itself: a ``lifespan.shutdown`` that comes at once must not cut
+    the drain short.
     """
+    del end_streams  # the sequence always ends what the drain left (see above)
+    loop = asyncio.get_running_loop()
+    running = _running.get(loop)
+    if running is not None and not running.done():
+        await asyncio.shield(running)
+        return
+    task = loop.create_task(_sequence(timeout_s, drain_s), name="qwenweb-shutdown-sequence")
+    _running[loop] = task
+    await asyncio.shield(task)
+
+
+async def _sequence(timeout_s: float, drain_s: float | None) -> None:
     hooks.shutting_down = True
     backend = get_backend()
     try:
         await drain(backend.config.drain_s if drain_s is None else drain_s)
-        if end_streams:
-            backend.end_all_streams("server_shutdown")
+        backend.end_all_streams("server_shutdown")
         written = await recorder.drain(timeout_s)
         await backend.flush_all()
         logger.info("shutdown_flushed records=%d sessions=%d", written, len(backend.registry))
@@ -262,3 +297,41 @@ def _hook_twisted(loop: asyncio.AbstractEventLoop, signalled: Callable[[], bool]
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     return True
+
+
+class LifespanApp:
+    """The ASGI ``lifespan`` protocol (routed by ``qwenweb.asgi``).
+
+    ``lifespan.startup``: attach the server's loop (``Backend.loop.attach()``: the records
+    writer and the dashboard feed start on it, the shutdown hooks are installed), then
+    ``lifespan.startup.complete``; if that fails, ``lifespan.startup.failed`` with the
+    error, and the server does not start. ``lifespan.shutdown``: :func:`shutdown` with
+    ``end_streams`` (every open stream gets its terminal frame, the records and counters
+    are written), then ``lifespan.shutdown.complete``.
+
+    Servers differ on *when* they send ``lifespan.shutdown``: granian at once on SIGTERM,
+    uvicorn only after every connection has closed (so an open stream would hold it: the
+    signal hook of :class:`Lifecycle` ends the streams first there), hypercorn after its
+    graceful timeout. Whichever comes first runs the sequence; the other joins it.
+    """
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    get_backend().loop.attach()
+                except Exception as exc:
+                    logger.exception("lifespan_startup_failed")
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                logger.info("shutdown_started by=lifespan")
+                await shutdown(end_streams=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+lifespan_app = LifespanApp()
+"""The application of the ``lifespan`` scope."""

@@ -43,8 +43,10 @@ from tests.support.server import (
     migrate,
     request_json,
     runserver_argv,
+    serve_argv,
     server_env,
 )
+from tests.support.tls import tls_argv
 
 CHROMIUM = Path(os.environ.get("QWENWEB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -86,12 +88,15 @@ def create_operator(database: Path) -> None:
 def server_argv(kind: str, port: int) -> list[str]:
     """The command line of a server ``kind`` on 127.0.0.1:``port``.
 
-    ``serve``: the production entry point, daphne with flow control (EB-21); ``runserver``:
+    ``serve``: the production entry point (granian); ``serve-tls``: the same over TLS
+    (HTTP/2 by ALPN); ``runserver``:
     the demo's server; ``uvicorn``; ``plain-daphne``: the ``daphne`` command, whose ``send``
     never waits for the socket (a control for the backpressure test).
     """
     if kind == "serve":
-        return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
+        return serve_argv(port)
+    if kind == "serve-tls":  # over TLS: HTTP/2 by ALPN (tests.support.tls's certificate)
+        return serve_argv(port, *tls_argv())
     if kind == "runserver":
         return runserver_argv(port)
     if kind == "plain-daphne":
@@ -126,7 +131,11 @@ def start_server(
         port = free_port()
         log = tmp_path_factory.mktemp("logs") / f"{kind}-{port}.log"
         server = ServerProcess(
-            server_argv(kind, port), port, server_env(browser_database, **env), log
+            server_argv(kind, port),
+            port,
+            server_env(browser_database, **env),
+            log,
+            tls=kind == "serve-tls",
         )
         started.append(server)
         return server.start()

@@ -300,8 +300,7 @@ def _run_cycles(session: RemoteSession, port: int, count: int, deadline: float) 
 
 
 def _fd_count(server: ServerProcess) -> int:
-    assert server.process is not None
-    return len(os.listdir(f"/proc/{server.process.pid}/fd"))
+    return server.fd_count()
 
 
 @pytest.fixture

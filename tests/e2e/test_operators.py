@@ -29,6 +29,7 @@ from tests.support.server import (
     ServerProcess,
     free_port,
     open_stream,
+    runserver_argv,
     serve_argv,
     server_env,
     wait_for,
@@ -45,7 +46,7 @@ WAIT_S = 20.0
 def uvicorn_argv(port: int, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "qwenweb.asgi:application", "--host", "127.0.0.1",
-        "--port", str(port), "--lifespan", "off", "--log-level", "warning", *extra,
+        "--port", str(port), "--log-level", "warning", *(extra or ("--lifespan", "off")),
     ]  # fmt: skip
 
 
@@ -170,13 +171,21 @@ async def test_eviction_over_a_real_socket_is_recorded_with_the_exact_payload_re
 # -- a clean shutdown loses nothing --------------------------------------------------------------
 
 
+SHUTDOWN_ARGV: dict[str, Callable[[int], list[str]]] = {
+    "serve": serve_argv,  # granian
+    "serve-daphne": lambda port: [*serve_argv(port), "--server", "daphne"],
+    "runserver": runserver_argv,
+}
+
+
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("kind", list(SHUTDOWN_ARGV))
 async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals
+    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, kind: str
 ) -> None:
-    server = start(serve_argv, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
+    server = start(SHUTDOWN_ARGV[kind], QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
     session = RemoteSession.create(server.base_url)
     left = await open_stream(server.port, session.events_path, session.read_token)
     left.close()  # a connection that ended before the shutdown, recorded in memory only
@@ -194,6 +203,9 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
         events = await stream.read_to_end()  # the drain's terminal frame came before the exit
     finally:
         stream.close()
+    # Both servers: the graceful drain ends the stream with its terminal frame (granian from
+    # the signal hook or the lifespan shutdown, daphne from the signal hook).
+    assert [e.type for e in events] == ["note"] * 3 + ["stream_error"]
     assert json.loads(events[-1].data)["data"]["code"] == "server_draining"
     ended, still_open = connections(database, session.id)
     assert ended["end_reason"] == "client_disconnect"
@@ -205,12 +217,18 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("lifespan", ["off", "on"])
 async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals
+    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, lifespan: str
 ) -> None:
     # uvicorn re-raises SIGTERM with its default action once it has shut down, which ends
     # the process without atexit: only the signal hook of sessions.ops.lifecycle can write.
-    server = start(uvicorn_argv, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
+    # With the lifespan on, uvicorn sends lifespan.shutdown only once every connection has
+    # closed: the signal hook ends the streams first, the lifespan joins that sequence.
+    server = start(
+        lambda port: uvicorn_argv(port, "--lifespan", lifespan),
+        QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600",
+    )
     session = RemoteSession.create(server.base_url)
     stream = await open_stream(server.port, session.events_path, session.read_token)
     try:

@@ -11,7 +11,9 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -76,10 +78,12 @@ class ServerProcess:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    tls: bool = False
+    """Whether it speaks TLS (``tests.support.tls``'s certificate): ``https://`` URLs."""
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
@@ -100,24 +104,66 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
+        """SIGTERM (then SIGKILL, bounded); then SIGKILL whatever of its tree is left (a
+        granian worker outlives a main process that was killed)."""
         if self.process is not None:
+            tree = self.pids() if self.process.poll() is None else []
             stop_process(self.process)
+            _kill_all(tree[1:])
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the server and every process of its tree at once (a crash of the whole
+        server: granian's workers would outlive their main process otherwise)."""
+        assert self.process is not None
+        _kill_all(self.pids())
+        self.process.wait(timeout=timeout_s)
+
+    def pids(self) -> list[int]:
+        """The server process and all its descendants (granian's workers), while alive."""
+        assert self.process is not None
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            with contextlib.suppress(OSError):
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                    todo.extend(int(child) for child in children)
+        return found
 
     def _status_field(self, name: str) -> int:
-        assert self.process is not None
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(next(line for line in status.splitlines() if line.startswith(name)).split()[1])
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError, StopIteration):
+                status = Path(f"/proc/{pid}/status").read_text()
+                line = next(line for line in status.splitlines() if line.startswith(name))
+                total += int(line.split()[1])
+        return total
 
     def rss_kib(self) -> int:
-        """The server process's resident memory in KiB (``VmRSS``)."""
+        """Resident memory in KiB (``VmRSS``), summed over the process tree (:meth:`pids`)."""
         return self._status_field("VmRSS:")
 
     def thread_count(self) -> int:
-        """The server process's OS threads."""
+        """OS threads, summed over the process tree."""
         return self._status_field("Threads:")
+
+    def fd_count(self) -> int:
+        """Open file descriptors, summed over the process tree."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                total += len(os.listdir(f"/proc/{pid}/fd"))
+        return total
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _kill_all(pids: Sequence[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
@@ -188,9 +234,10 @@ def daphne_argv(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def serve_argv(port: int) -> list[str]:
-    """The production entry point: daphne with flow control (``python -m qwenweb.serve``)."""
-    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port)]
+def serve_argv(port: int, *extra: str) -> list[str]:
+    """The production entry point, granian (``python -m qwenweb.serve``); ``extra``:
+    its options (``--certfile C --keyfile K``, ``--server daphne``, ...)."""
+    return [sys.executable, "-m", "qwenweb.serve", "-b", "127.0.0.1", "-p", str(port), *extra]
 
 
 def runserver_argv(port: int, *extra: str) -> list[str]:
@@ -205,8 +252,13 @@ def request_json(
     req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    context = None
+    if url.startswith("https://"):
+        from tests.support.tls import client_context
+
+        context = client_context()
     try:
-        with urllib.request.urlopen(req, timeout=10) as response:
+        with urllib.request.urlopen(req, timeout=10, context=context) as response:
             raw = response.read()
             return response.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as exc:
@@ -266,10 +318,14 @@ class RawSSEClient:
     events: list[ServerSentEvent] = field(default_factory=list)
     body: bytearray = field(default_factory=bytearray)
     ended: bool = False
+    tls_context: ssl.SSLContext | None = None
+    """TLS (HTTP/1.1 by ALPN) when set."""
 
     async def connect(self, timeout_s: float = 10.0) -> RawSSEClient:
         async with asyncio.timeout(timeout_s):
-            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+            self._reader, self._writer = await asyncio.open_connection(
+                "127.0.0.1", self.port, ssl=self.tls_context
+            )
             self._conn = h11.Connection(our_role=h11.CLIENT)
             self._parser = SSEParser(self.events.append)
             request = h11.Request(
@@ -313,14 +369,24 @@ class RawSSEClient:
     def close(self) -> None:
         self._writer.close()
 
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Close and wait (bounded) until the socket is closed (TLS needs the loop)."""
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.wait_closed(), timeout_s)
+
 
 async def open_stream(
-    port: int, path: str, token: str | None, extra_headers: Sequence[tuple[str, str]] = ()
+    port: int,
+    path: str,
+    token: str | None,
+    extra_headers: Sequence[tuple[str, str]] = (),
+    tls: ssl.SSLContext | None = None,
 ) -> RawSSEClient:
     headers = [("Accept", "text/event-stream"), *extra_headers]
     if token:
         headers.append(("Authorization", f"Bearer {token}"))
-    return await RawSSEClient(port, path, headers).connect()
+    return await RawSSEClient(port, path, headers, tls_context=tls).connect()
 
 
 def event_ids(events: Sequence[ServerSentEvent]) -> list[int]:

@@ -3,6 +3,13 @@
 Creates the demo user and a session, prints the URLs, tokens and a ``curl -N`` line,
 starts the development server (daphne via ``runserver``) and plays the demo agent into
 the session in a loop until Ctrl-C.
+
+``--tls``: HTTP/2 instead (browsers speak it only over TLS). A local CA and a certificate
+for localhost / 127.0.0.1 / ::1 are made once in ``var/tls/`` (``sessions.cli.devcert``,
+kept for the next runs, so trusting the CA once is enough), and the demo is served by the
+production entry point, ``python -m qwenweb.serve --certfile … --keyfile …`` (granian:
+HTTP/2 by ALPN, HTTP/1.1 otherwise; DEBUG on, so Django still serves the static files).
+It prints how to trust the CA.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from django.core.management import BaseCommand, CommandError, call_command
 from django.core.management.base import CommandParser
 
 from sessions.auth import issue_current_token
+from sessions.cli.devcert import LocalCertificate, make_local_certificate
 from sessions.conf import get_config
 from sessions.models import AgentSession
 
@@ -41,6 +49,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-agent", action="store_true", help="start the server only; publish nothing"
         )
+        parser.add_argument(
+            "--tls",
+            action="store_true",
+            help="serve over TLS with HTTP/2 (granian), with a local certificate in var/tls/",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM stops the demo like Ctrl-C does, so the server it started is stopped too.
@@ -48,7 +61,34 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0, interactive=False)
         user = self._demo_user()
         session = AgentSession.objects.create(title="Demo agent session", owner=user)
-        base = f"http://{options['addr']}:{options['port']}"
+        tls_note, server_argv = "", [
+            sys.executable, "manage.py", "runserver", f"{options['addr']}:{options['port']}",
+            "--noreload",
+        ]  # fmt: skip
+        scheme, curl = "http", "curl"
+        if options["tls"]:
+            scheme = "https"
+            files = _local_certificate(Path(settings.BASE_DIR) / "var" / "tls")
+            # This process's clients (the demo agent) trust the local CA.
+            os.environ["SSL_CERT_FILE"] = str(files.ca)
+            curl = f"curl --cacert {files.ca}"
+            server_argv = [
+                sys.executable, "-m", "qwenweb.serve", "-b", options["addr"],
+                "-p", str(options["port"]), "--certfile", str(files.cert),
+                "--keyfile", str(files.key),
+            ]  # fmt: skip
+            tls_note = f"""
+HTTP/2 over TLS with a local certificate (valid for localhost, 127.0.0.1, ::1):
+  trust its CA once: {files.ca}
+    curl: add --cacert {files.ca}   (curl --http2 -sI shows HTTP/2)
+    Chromium/Chrome: Settings > Privacy and security > Security > Manage certificates >
+      Authorities > Import {files.ca.name}, "trust for websites"
+    Firefox: Settings > Certificates > View Certificates > Authorities > Import
+    Debian system-wide: cp {files.ca} /usr/local/share/ca-certificates/qwenweb-local.crt
+      && update-ca-certificates
+  (or accept the browser's warning once: the certificate is for this machine only)
+"""
+        base = f"{scheme}://{options['addr']}:{options['port']}"
         read = issue_current_token(session.id, ["read"], user.get_username(), user_id=user.pk)
         publish = issue_current_token(session.id, ["publish"], user.get_username(), user_id=user.pk)
         lifetime_min = get_config().token_lifetime_s // 60
@@ -68,21 +108,15 @@ qwenweb demo
    prints a new read token, add `--scope publish` for a publish token)
 
 Watch the session live (Ctrl-C stops curl; `: heartbeat` lines are keep-alives):
-  curl -N -H {bearer} {events}
+  {curl} -N -H {bearer} {events}
 Resume exactly after event 40 (replay, then `replay_complete`, then live):
-  curl -N -H {bearer} -H 'Last-Event-ID: 40' {events}
+  {curl} -N -H {bearer} -H 'Last-Event-ID: 40' {events}
 Or with the terminal client (reconnects by itself with Last-Event-ID):
   {python} manage.py tail_session {session.id} --url {base} --token {read}
-"""
+{tls_note}"""
         )
         server = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
-            [
-                sys.executable,
-                "manage.py",
-                "runserver",
-                f"{options['addr']}:{options['port']}",
-                "--noreload",
-            ],
+            server_argv,
             cwd=settings.BASE_DIR,
             env={**os.environ, "QWENWEB_ACCESS_LOG_LEVEL": "WARNING"},
         )
@@ -131,6 +165,18 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
             except (OSError, urllib.error.URLError, ValueError):
                 time.sleep(0.2)
         raise CommandError(f"the server did not answer at {base} within 60 s")
+
+
+def _local_certificate(directory: Path) -> LocalCertificate:
+    """The demo's certificate in ``directory``: made once, then reused while valid."""
+    files = LocalCertificate(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
+    if all(path.is_file() for path in (files.ca, files.cert, files.key)):
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+        if cert.not_valid_after_utc.timestamp() > time.time() + 24 * 3600:
+            return files
+    return make_local_certificate(directory)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

@@ -1,0 +1,157 @@
+"""granian for ``python -m qwenweb.serve``: the one place that builds its options.
+
+:func:`granian_options` turns the command line and the settings into the keyword
+arguments of granian's documented Python API (``granian.Granian``, i.e.
+``granian.server.Server``); :func:`serve` runs it. The benchmark's ``qwenweb-serve``
+contender and the end-to-end tests start ``python -m qwenweb.serve`` itself, so they run
+exactly these options.
+
+What is set, and why (docs/deployment.md, "The server"):
+
+- ASGI interface with lifespan (``Interfaces.ASGI``), uvloop, HTTP/1.1 and HTTP/2
+  (``HTTPModes.auto``: HTTP/2 by ALPN over TLS, and prior knowledge in clear text).
+- Limits for long-lived streams: the listen backlog is ``SERVER_BACKLOG`` (default 4096),
+  and granian's *backpressure* (the requests one worker serves at once; by default
+  backlog / workers, about 1,000, so the 1,001st stream would wait for ever) is the
+  process's file-descriptor limit, since every open stream holds one descriptor anyway.
+- ``REQUEST_HEADER_TIMEOUT_S`` as ``--http1-header-read-timeout``.
+- With ``DEBUG`` off, ``STATIC_ROOT`` mounted at ``STATIC_URL`` with a cache lifetime of
+  one year (the production settings give every file a hashed name); with DEBUG on, Django
+  serves ``/static/`` from the app folders (nothing to collect).
+- ``workers_kill_timeout``: a worker that has not stopped this long after SIGTERM is
+  killed, so a stop never hangs (the shutdown sequence itself is bounded by
+  ``sessions.ops.lifecycle.SHUTDOWN_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sessions.conf import QwenwebConfig
+
+__all__ = [
+    "APPLICATION",
+    "STATIC_MAX_AGE_S",
+    "StaticMount",
+    "granian_options",
+    "proxied_application",
+    "serve",
+]
+
+APPLICATION: Final = "qwenweb.asgi:application"
+PROXIED_APPLICATION: Final = "qwenweb.granian_server:proxied_application"
+
+STATIC_MAX_AGE_S: Final = 365 * 24 * 3600
+"""Cache lifetime of the static files served by granian (names are hashed in production)."""
+
+KILL_MARGIN_S: Final = 4
+"""A worker still alive ``SHUTDOWN_TIMEOUT_S`` + this after SIGTERM is killed (the
+sequence takes at most ``SHUTDOWN_TIMEOUT_S`` plus the final writes)."""
+
+MAX_BACKPRESSURE: Final = 1_048_576
+
+logger = logging.getLogger("qwenweb.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class StaticMount:
+    """``route`` (``/static``) served from the directory ``path`` by granian."""
+
+    route: str
+    path: Path
+
+
+def granian_options(
+    *,
+    bind: str,
+    port: int,
+    workers: int,
+    config: QwenwebConfig,
+    fd_limit: int,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    static: StaticMount | None = None,
+    proxy_headers: bool = False,
+) -> dict[str, Any]:
+    """The keyword arguments of ``granian.Granian(...)`` for this deployment.
+
+    Args:
+        bind, port: the address to listen on.
+        workers: worker processes (each with its own event loop and bus mirror).
+        config: the effective settings (``REQUEST_HEADER_TIMEOUT_S``, ``SERVER_BACKLOG``).
+        fd_limit: this process's ``RLIMIT_NOFILE`` soft limit (after raising it): the
+            number of requests one worker may serve at once.
+        certfile, keyfile: PEM certificate chain and PKCS#8 key; both or neither. With
+            them granian speaks TLS and offers HTTP/2 by ALPN.
+        static: where the static files are, or None (Django serves them, DEBUG only).
+        proxy_headers: trust ``X-Forwarded-For`` / ``-Proto`` from 127.0.0.1 (behind a
+            proxy on this machine).
+
+    Returns a dict for ``Granian(**options)``. Never raises.
+    """
+    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.http import HTTP1Settings, HTTP2Settings
+
+    from sessions.ops.lifecycle import SHUTDOWN_TIMEOUT_S
+
+    options: dict[str, Any] = {
+        "target": PROXIED_APPLICATION if proxy_headers else APPLICATION,
+        "factory": proxy_headers,
+        "address": bind,
+        "port": port,
+        "interface": Interfaces.ASGI,
+        "loop": Loops.uvloop,
+        "http": HTTPModes.auto,
+        "websockets": False,
+        "workers": workers,
+        "backlog": config.server_backlog,
+        "backpressure": max(1, min(fd_limit, MAX_BACKPRESSURE)),
+        "http1_settings": HTTP1Settings(
+            header_read_timeout=max(1, round(config.request_header_timeout_s * 1000))
+        ),
+        "http2_settings": HTTP2Settings(),
+        "workers_kill_timeout": math.ceil(SHUTDOWN_TIMEOUT_S) + KILL_MARGIN_S,
+        "log_access": False,
+    }
+    if certfile is not None and keyfile is not None:
+        options["ssl_cert"] = certfile
+        options["ssl_key"] = keyfile
+        options["ssl_protocol_min"] = "tls1.2"
+    if static is not None:
+        options["static_path_route"] = [static.route]
+        options["static_path_mount"] = [static.path]
+        options["static_path_expires"] = STATIC_MAX_AGE_S
+    return options
+
+
+def serve(options: dict[str, Any]) -> None:
+    """Run granian with ``options`` (from :func:`granian_options`) until it is stopped.
+
+    SIGTERM/SIGINT reach granian's main process, which stops its workers; in each worker
+    the ASGI ``lifespan.shutdown`` runs :func:`sessions.ops.lifecycle.shutdown` with
+    ``end_streams`` (every open stream gets its terminal frame, then the records are
+    written) before granian closes the connections.
+    """
+    from granian import Granian
+    from granian.constants import SSLProtocols
+
+    if isinstance(options.get("ssl_protocol_min"), str):
+        options = {**options, "ssl_protocol_min": SSLProtocols(options["ssl_protocol_min"])}
+    Granian(**options).serve()
+
+
+def proxied_application() -> Any:
+    """``qwenweb.asgi.application`` behind granian's proxy-headers wrapper (factory).
+
+    The client address comes from ``X-Forwarded-For`` and the scheme from
+    ``X-Forwarded-Proto`` when the connection comes from 127.0.0.1 (the proxy).
+    """
+    from granian.utils.proxies import wrap_asgi_with_proxy_headers
+
+    from qwenweb.asgi import application
+
+    return wrap_asgi_with_proxy_headers(application, trusted_hosts="127.0.0.1")

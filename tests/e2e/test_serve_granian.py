@@ -1,0 +1,287 @@
+"""``python -m qwenweb.serve`` (granian) as a real process: HTTP/2 by ALPN, shutdown, limits.
+
+- Over TLS, 8 streams of one session share one TCP connection (HTTP/2, the ``h2`` library),
+  seen from the server's side with ``ss``.
+- SIGTERM with open HTTP/1.1 and HTTP/2 streams: the process exits within 15 s, every
+  stream got its terminal frame (``server_shutdown``) and its record says so.
+- More than 1,024 idle streams on one process (granian's default backpressure stops at
+  backlog / workers = 1,024 requests).
+- The request header deadline (``REQUEST_HEADER_TIMEOUT_S``): 200 connections that send
+  their headers one line at a time are closed while normal requests are served and an open
+  stream keeps streaming.
+- Bad input on the command line: exit 2 naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.h2client import H2Connection
+from tests.support.server import (
+    REPO,
+    RemoteSession,
+    ServerProcess,
+    event_ids,
+    free_port,
+    open_stream,
+    request_json,
+    serve_argv,
+    server_env,
+    wait_for,
+)
+from tests.support.tls import client_context, tls_argv
+
+pytestmark = [pytest.mark.e2e]
+
+SHUTDOWN_BOUND_S = 15.0
+"""Issue 12: SIGTERM with open streams ends the process within this."""
+
+IDLE_STREAMS = 1_100
+SLOW_CONNECTIONS = 200
+
+
+@pytest.fixture
+def start(e2e_database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """``start(*extra_argv, tls=False, **env)``: ``qwenweb.serve`` on a free port."""
+    started: list[ServerProcess] = []
+
+    def _start(*extra: str, tls: bool = False, **env: str) -> ServerProcess:
+        port = free_port()
+        argv = serve_argv(port, *(tls_argv() if tls else ()), *extra)
+        log = tmp_path / f"serve-{len(started)}.log"
+        server = ServerProcess(argv, port, server_env(e2e_database, **env), log, tls=tls)
+        started.append(server)
+        return server.start()
+
+    yield _start
+    for server in started:
+        server.stop()
+
+
+def established(port: int) -> list[str]:
+    """The server side's established TCP connections on ``port`` (``ss``)."""
+    out = subprocess.run(
+        ["ss", "-tnH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True, text=True, check=True, timeout=10,
+    ).stdout  # fmt: skip
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def connections(database: Path, session_id: str) -> list[dict[str, Any]]:
+    with sqlite3.connect(database) as db:
+        db.row_factory = sqlite3.Row
+        cursor = db.execute(
+            "SELECT * FROM agent_sessions_subscriberconnection WHERE session_id = ?",
+            (session_id,),
+        )
+        return [dict(row) for row in cursor]
+
+
+def terminal(events: list[Any]) -> tuple[str, str]:
+    data = json.loads(events[-1].data)["data"]
+    return data["code"], data["reason"]
+
+
+# -- HTTP/2 --------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_eight_streams_of_one_session_share_one_http2_connection(
+    start: Callable[..., ServerProcess],
+) -> None:
+    server = start(tls=True)
+    session = RemoteSession.create(server.base_url)
+    connection = await H2Connection(server.port).connect()
+    try:
+        streams = [
+            connection.open_stream(session.events_path, session.read_token) for _ in range(8)
+        ]
+        await connection.read_until(lambda: all(s.status for s in streams))
+        assert [s.status for s in streams] == [200] * 8
+        assert await asyncio.to_thread(wait_for, lambda: session.load()["subscriberCount"] == 8, 10)
+        ids = [session.publish("note", {"n": n}) for n in range(3)]
+        await connection.read_until(lambda: all(len(s.events) >= 3 for s in streams))
+        assert [event_ids(s.events) for s in streams] == [ids] * 8
+        # The server sees one TCP connection: ours.
+        (line,) = established(server.port)
+        assert f":{connection.local_port()}" in line
+    finally:
+        await connection.aclose()
+
+
+# -- shutdown ------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_sigterm_ends_http1_and_http2_streams_and_exits_in_time(
+    start: Callable[..., ServerProcess], e2e_database: Path
+) -> None:
+    server = start(tls=True, QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
+    session = RemoteSession.create(server.base_url)
+    http1 = await open_stream(
+        server.port, session.events_path, session.read_token, tls=client_context()
+    )
+    connection = await H2Connection(server.port).connect()
+    try:
+        streams = [
+            connection.open_stream(session.events_path, session.read_token) for _ in range(2)
+        ]
+        await connection.read_until(lambda: all(s.status for s in streams))
+        event_id = session.publish("note", {"n": 1})
+        await http1.read_events(1)
+        await connection.read_until(lambda: all(s.events for s in streams))
+        assert server.process is not None
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        await http1.read_to_end(timeout_s=SHUTDOWN_BOUND_S)
+        await connection.read_to_end(timeout_s=SHUTDOWN_BOUND_S)
+        code = await asyncio.to_thread(server.process.wait, SHUTDOWN_BOUND_S)
+        took_s = time.monotonic() - started
+    finally:
+        await http1.aclose()
+        await connection.aclose()
+    assert code == 0
+    assert took_s < SHUTDOWN_BOUND_S
+    for events in (http1.events, *(s.events for s in streams)):
+        assert event_ids(events) == [event_id]
+        assert [e.type for e in events] == ["note", "stream_error"]
+        assert terminal(events) == ("server_disconnect", "server_shutdown")
+    rows = connections(e2e_database, session.id)
+    assert len(rows) == 3
+    assert {row["end_reason"] for row in rows} == {"server_shutdown"}
+    assert sorted(row["bytes_sent"] for row in rows) == sorted(
+        len(body) for body in (http1.body, *(s.body for s in streams))
+    )
+
+
+# -- limits --------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_more_than_1024_idle_streams_on_one_process(
+    start: Callable[..., ServerProcess],
+) -> None:
+    # granian's default backpressure (backlog / workers = 1,024) would hold the 1,025th
+    # request for ever; qwenweb.serve raises it to the fd limit.
+    server = start(QWENWEB_MAX_SUBSCRIBERS=str(IDLE_STREAMS + 10))
+    session = RemoteSession.create(server.base_url)
+    gate = asyncio.Semaphore(100)  # connect at most 100 at a time
+
+    async def one() -> Any:
+        async with gate:
+            stream = await open_stream(server.port, session.events_path, session.read_token)
+            await stream.read_until(lambda events: bool(stream.body))  # `retry:` came
+            return stream
+
+    streams = await asyncio.wait_for(
+        asyncio.gather(*(one() for _ in range(IDLE_STREAMS))), timeout=90
+    )
+    try:
+        assert [s.status for s in streams] == [200] * IDLE_STREAMS
+        assert session.load()["subscriberCount"] == IDLE_STREAMS
+        event_id = session.publish("note", {"to": "all"})
+        await asyncio.wait_for(
+            asyncio.gather(*(s.read_events(1, timeout_s=60) for s in streams)), timeout=60
+        )
+        assert all(event_ids(s.events) == [event_id] for s in streams)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(90)
+async def test_slow_request_headers_are_closed_while_requests_are_served(
+    start: Callable[..., ServerProcess],
+) -> None:
+    server = start(QWENWEB_REQUEST_HEADER_TIMEOUT_S="2", QWENWEB_HEARTBEAT_INTERVAL_S="1")
+    session = RemoteSession.create(server.base_url)
+    stream = await open_stream(server.port, session.events_path, session.read_token)
+    slow: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    for _ in range(SLOW_CONNECTIONS):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /capabilities HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.append((reader, writer))
+    closed: set[int] = set()
+
+    async def trickle(index: int) -> None:
+        """One more header line every 0.5 s until the server closes the connection."""
+        reader, writer = slow[index]
+        for line in range(60):
+            try:
+                writer.write(f"X-Slow-{line}: 1\r\n".encode())
+                await writer.drain()
+                data = await asyncio.wait_for(reader.read(65536), timeout=0.5)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            if not data or data.startswith(b"HTTP/1.1 408"):
+                closed.add(index)
+                return
+
+    trickling = asyncio.gather(*(trickle(i) for i in range(SLOW_CONNECTIONS)))
+    try:
+        served = 0
+        while len(closed) < SLOW_CONNECTIONS and not trickling.done():
+            status, _ = await asyncio.to_thread(
+                request_json, "GET", f"{server.base_url}/capabilities"
+            )
+            assert status == 200
+            served += 1
+        await asyncio.wait_for(trickling, timeout=40)
+    finally:
+        for _, writer in slow:
+            writer.close()
+    assert len(closed) == SLOW_CONNECTIONS
+    assert served > 0
+    # The stream, open since before them and far past the deadline, still streams.
+    event_id = session.publish("note", {"after": "slow headers"})
+    await stream.read_until(lambda events: event_id in event_ids(events))
+    assert not stream.ended
+    stream.close()
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "qwenweb.serve", "-p", str(free_port()), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server", "gunicorn"], "unknown --server 'gunicorn'; choose one of: granian, daphne"),
+        (["--certfile", "/nonexistent/cert.pem", "--keyfile", "/nonexistent/key.pem"],
+         "--certfile /nonexistent/cert.pem: cannot read it"),
+        (["--certfile", "CERT", "--keyfile", "/"], "--keyfile /: cannot read it"),
+        (["--certfile", "CERT"], "--certfile and --keyfile go together"),
+        (["--workers", "2"], "--workers 2 needs a backend shared by several processes"),
+    ],
+    ids=["unknown-server", "missing-cert", "unreadable-key", "cert-without-key", "workers-memory"],
+)  # fmt: skip
+def test_bad_command_line_exits_2_naming_the_problem(
+    e2e_database: Path, args: list[str], message: str
+) -> None:
+    args = [tls_argv()[1] if arg == "CERT" else arg for arg in args]
+    result = run_serve(*args, env=server_env(e2e_database, QWENWEB_BACKEND="memory"))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
