@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -58,8 +59,10 @@ from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
+    "Families",
     "Metrics",
     "StreamMeter",
+    "families",
     "metrics",
     "multiprocess_dir",
     "remove_dead_processes",
@@ -84,66 +87,79 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-# The process's metric objects. Their own registry: in multiprocess mode the values live
-# in files and render() reads every process's files instead.
-REGISTRY: Final = CollectorRegistry(auto_describe=True)
-SUBSCRIBERS: Final = Gauge(
-    "qwenweb_subscribers", "Open event streams.", registry=REGISTRY, multiprocess_mode="livesum"
-)
-SESSIONS_LOADED: Final = Gauge(
-    "qwenweb_sessions_loaded",
-    "Sessions with a bus loaded in memory.",
-    registry=REGISTRY,
-    multiprocess_mode="livesum",
-)
-PUBLISHED: Final = Counter(
-    "qwenweb_events_published", "Events accepted by POST .../events.", registry=REGISTRY
-)
-FRAMES: Final = Counter(
-    "qwenweb_frames_sent", "Frames written to subscribers (all types).", registry=REGISTRY
-)
-BYTES: Final = Counter(
-    "qwenweb_bytes_sent",
-    "Stream body bytes written (frames, retry, heartbeats).",
-    registry=REGISTRY,
-)
-WARNINGS: Final = Counter(
-    "qwenweb_slow_client_warnings", "slow_client_warning frames queued.", registry=REGISTRY
-)
-EVICTIONS: Final = Counter(
-    "qwenweb_evictions", "Subscribers evicted (client_evicted).", ["reason"], registry=REGISTRY
-)
-RESYNCS: Final = Counter(
-    "qwenweb_resyncs",
-    "Reconnects answered state_resync_required.",
-    ["reason"],
-    registry=REGISTRY,
-)
-REPLAYED: Final = Counter(
-    "qwenweb_replayed_events",
-    "Events replayed from the ring to resuming clients.",
-    registry=REGISTRY,
-)
-STREAM_ERRORS: Final = Counter(
-    "qwenweb_stream_errors", "stream_error frames written, by code.", ["code"], registry=REGISTRY
-)
-REJECTED: Final = Counter(
-    "qwenweb_rejected_requests",
-    "Requests answered with a JSON error, by code.",
-    ["code"],
-    registry=REGISTRY,
-)
-BACKEND_UNAVAILABLE: Final = Counter(
-    "qwenweb_backend_unavailable",
-    "Requests refused and streams ended because the event store (Redis) was unreachable.",
-    registry=REGISTRY,
-)
-LATENCY: Final = Histogram(
-    "qwenweb_delivery_latency_seconds",
-    "Live event accepted by this process's bus -> its bytes handed to the server.",
-    buckets=LATENCY_BUCKETS_S,
-    registry=REGISTRY,
-)
+class Families:
+    """The process's metric objects, in a registry of their own (module docstring).
+
+    Built on first use (:func:`families`), not at import: in multiprocess mode every
+    metric object writes a file for its process, and a process that never serves (the
+    parent of granian's workers, a management command) must leave none.
+    """
+
+    def __init__(self) -> None:
+        registry = self.registry = CollectorRegistry(auto_describe=True)
+        self.subscribers = Gauge(
+            "qwenweb_subscribers", "Open event streams.", registry=registry,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.sessions_loaded = Gauge(
+            "qwenweb_sessions_loaded", "Sessions with a bus loaded in memory.",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.published = Counter(
+            "qwenweb_events_published", "Events accepted by POST .../events.", registry=registry
+        )
+        self.frames = Counter(
+            "qwenweb_frames_sent", "Frames written to subscribers (all types).", registry=registry
+        )
+        self.bytes = Counter(
+            "qwenweb_bytes_sent", "Stream body bytes written (frames, retry, heartbeats).",
+            registry=registry,
+        )  # fmt: skip
+        self.warnings = Counter(
+            "qwenweb_slow_client_warnings", "slow_client_warning frames queued.", registry=registry
+        )
+        self.evictions = Counter(
+            "qwenweb_evictions", "Subscribers evicted (client_evicted).", ["reason"],
+            registry=registry,
+        )  # fmt: skip
+        self.resyncs = Counter(
+            "qwenweb_resyncs", "Reconnects answered state_resync_required.", ["reason"],
+            registry=registry,
+        )  # fmt: skip
+        self.replayed = Counter(
+            "qwenweb_replayed_events", "Events replayed from the ring to resuming clients.",
+            registry=registry,
+        )  # fmt: skip
+        self.stream_errors = Counter(
+            "qwenweb_stream_errors", "stream_error frames written, by code.", ["code"],
+            registry=registry,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "qwenweb_rejected_requests", "Requests answered with a JSON error, by code.",
+            ["code"], registry=registry,
+        )  # fmt: skip
+        self.backend_unavailable = Counter(
+            "qwenweb_backend_unavailable",
+            "Requests refused and streams ended because the event store (Redis) was unreachable.",
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "qwenweb_delivery_latency_seconds",
+            "Live event accepted by this process's bus -> its bytes handed to the server.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        # Declare the labelled families' usual children: a scrape lists them at 0.
+        for reason in ("queue_overflow", "queue_bytes_overflow", "writer_idle_timeout"):
+            self.evictions.labels(reason=reason)
+        for reason in ("epoch_reset", "ring_evicted"):
+            self.resyncs.labels(reason=reason)
+
+
+@functools.cache
+def families() -> Families:
+    """The process's :class:`Families` (built on the first call)."""
+    return Families()
 
 
 class _Totals:
@@ -202,7 +218,7 @@ class StreamMeter(ConnectionObserver):
     def closed(self, reason: str, detail: str = "") -> None:
         if not self._closed:
             self._closed = True
-            SUBSCRIBERS.dec()
+            families().subscribers.dec()
 
 
 def _stream_error_code(frame: Frame) -> str:
@@ -233,14 +249,14 @@ class Metrics(Listener):
     # -- hooks ------------------------------------------------------------------------
 
     def connection_opened(self, info: ConnectionInfo) -> ConnectionObserver:
-        SUBSCRIBERS.inc()
+        families().subscribers.inc()
         return StreamMeter(self._totals, info.resumed_from is not None)
 
     def event_published(self, session_id: str) -> None:
         self._totals.published += 1
 
     def request_rejected(self, status: int, code: str) -> None:
-        REJECTED.labels(code=code).inc()
+        families().rejected.labels(code=code).inc()
         if code == "backend_unavailable":
             self._totals.backend_unavailable += 1
 
@@ -276,23 +292,24 @@ class Metrics(Listener):
         unavailable = totals.backend_unavailable
         totals.frames = totals.bytes = totals.published = totals.backend_unavailable = 0
         totals.latencies, totals.stream_errors = [], {}
+        metric = families()
         if frames:
-            FRAMES.inc(frames)
+            metric.frames.inc(frames)
         if nbytes:
-            BYTES.inc(nbytes)
+            metric.bytes.inc(nbytes)
         if published:
-            PUBLISHED.inc(published)
+            metric.published.inc(published)
         if unavailable:
-            BACKEND_UNAVAILABLE.inc(unavailable)
+            metric.backend_unavailable.inc(unavailable)
         for code, count in errors.items():
-            STREAM_ERRORS.labels(code=code).inc(count)
+            metric.stream_errors.labels(code=code).inc(count)
         for seconds in latencies:
-            LATENCY.observe(seconds)
+            metric.latency.observe(seconds)
 
     def _flush_buses(self) -> None:
         backend = get_backend()
         loaded = {id(live.bus): live.bus for live in backend.registry.values()}
-        SESSIONS_LOADED.set(len(loaded))
+        families().sessions_loaded.set(len(loaded))
         for key, (bus, sample) in list(self._buses.items()):
             if key not in loaded or loaded[key] is not bus:
                 _count_bus(bus, sample)  # its last counts; then it is forgotten
@@ -311,14 +328,15 @@ class Metrics(Listener):
 
 def _count_bus(bus: EventBus, sample: _BusSample) -> None:
     stats = bus.stats()
+    metric = families()
     if stats.slow_client_warnings > sample.warnings:
-        WARNINGS.inc(stats.slow_client_warnings - sample.warnings)
+        metric.warnings.inc(stats.slow_client_warnings - sample.warnings)
         sample.warnings = stats.slow_client_warnings
     if stats.replayed_frames > sample.replayed:
-        REPLAYED.inc(stats.replayed_frames - sample.replayed)
+        metric.replayed.inc(stats.replayed_frames - sample.replayed)
         sample.replayed = stats.replayed_frames
-    _count_reasons(EVICTIONS, stats.evictions.items(), sample.evictions)
-    _count_reasons(RESYNCS, stats.resyncs.items(), sample.resyncs)
+    _count_reasons(metric.evictions, stats.evictions.items(), sample.evictions)
+    _count_reasons(metric.resyncs, stats.resyncs.items(), sample.resyncs)
 
 
 def _count_reasons(counter: Counter, now: Iterable[tuple[str, int]], seen: dict[str, int]) -> None:
@@ -332,12 +350,6 @@ def _count_reasons(counter: Counter, now: Iterable[tuple[str, int]], seen: dict[
 metrics = Metrics()
 """The process's metrics listener (connected by ``sessions.apps`` unless ``METRICS`` is off)."""
 
-# Declare the labelled families' usual children, so a scrape lists them before they occur.
-for _reason in ("queue_overflow", "queue_bytes_overflow", "writer_idle_timeout"):
-    EVICTIONS.labels(reason=_reason)
-for _reason in ("epoch_reset", "ring_evicted"):
-    RESYNCS.labels(reason=_reason)
-
 
 def render() -> tuple[bytes, str]:
     """Return the Prometheus text exposition of every process (body, content type).
@@ -348,7 +360,7 @@ def render() -> tuple[bytes, str]:
     metrics.flush()
     directory = multiprocess_dir()
     if directory is None:
-        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        return generate_latest(families().registry), CONTENT_TYPE_LATEST
     remove_dead_processes(directory)
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
@@ -397,13 +409,18 @@ def remove_files_of_dead_processes(directory: str) -> list[int]:
 
 
 def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _mark_dead(pid: int, directory: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-import signal
+import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.backend import delete_run_keys
 from tests.support.server import (
+    RawSSEClient,
     RemoteSession,
     ServerProcess,
     free_port,
@@ -100,9 +102,7 @@ async def test_metrics_of_two_processes_are_sums_and_a_killed_ones_gauges_leave(
     assert wait_for(lambda: scraped("qwenweb_subscribers", 3), WAIT_S)
     assert wait_for(lambda: scraped("qwenweb_events_published_total", 5), WAIT_S)
     assert wait_for(lambda: scraped("qwenweb_frames_sent_total", 15), WAIT_S)
-    assert b.process is not None
-    b.process.send_signal(signal.SIGKILL)  # a worker that dies without cleaning up
-    b.process.wait(timeout=WAIT_S)
+    b.kill()  # SIGKILL, its worker too: processes that die without cleaning up
     text = get(f"{a.base_url}/metrics")[1]
     assert sample(text, "qwenweb_subscribers") == 1  # its live gauge files were removed
     assert sample(text, "qwenweb_events_published_total") == 5  # its counts stay
@@ -129,3 +129,46 @@ def test_a_bad_host_header_logs_one_short_line_without_traceback(
     assert len(lines) == 1
     assert len(lines[0]) < 300
     assert "Traceback" not in written
+
+
+@pytest.mark.asyncio
+async def test_metrics_of_workers_2_on_one_port_are_the_sums(e2e_database: Path, tmp_path: Path):
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    port = free_port()
+    prefix = f"qwtest-{secrets.token_hex(4)}"
+    env = server_env(
+        e2e_database, QWENWEB_BACKEND="redis", QWENWEB_REDIS_URL=REDIS_URL,
+        QWENWEB_REDIS_KEY_PREFIX=prefix, PROMETHEUS_MULTIPROC_DIR=str(directory),
+    )  # fmt: skip
+    argv = serve_argv(port, "--workers", "2")
+    server = ServerProcess(argv, port, env, tmp_path / "serve.log").start()
+    streams: list[RawSSEClient] = []
+    try:
+        session = RemoteSession.create(server.base_url)
+        # Connections reach either worker: open them until both hold some (bounded).
+        while len(streams) < 40 and len(_pids_with_streams(directory)) < 2:
+            streams.append(await open_stream(port, session.events_path, session.read_token))
+        assert len(_pids_with_streams(directory)) == 2, "every connection reached one worker"
+        for n in range(4):
+            session.publish("tick", n)
+        for stream in streams:
+            await stream.read_events(4, timeout_s=WAIT_S)
+        count = len(streams)
+        assert wait_for(lambda: _scrape(server, "qwenweb_subscribers") == count, WAIT_S)
+        assert wait_for(lambda: _scrape(server, "qwenweb_events_published_total") == 4, WAIT_S)
+        assert wait_for(lambda: _scrape(server, "qwenweb_frames_sent_total") == 4 * count, WAIT_S)
+    finally:
+        for stream in streams:
+            stream.close()
+        server.stop()
+        delete_run_keys(prefix, REDIS_URL)
+
+
+def _scrape(server: ServerProcess, name: str) -> float:
+    return sample(get(f"{server.base_url}/metrics")[1], name)
+
+
+def _pids_with_streams(directory: Path) -> set[str]:
+    """Pids whose live-gauge file exists: the workers that have opened a stream."""
+    return {path.stem.rpartition("_")[2] for path in directory.glob("gauge_livesum_*.db")}

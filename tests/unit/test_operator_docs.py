@@ -15,7 +15,7 @@ NAME = re.compile(r"\bqwenweb_[a-z_]+")
 def exposed_names() -> set[str]:
     """Every sample name the metrics listener can expose (counters with ``_total``)."""
     names = set()
-    for family in metrics.REGISTRY.collect():
+    for family in metrics.families().registry.collect():
         names.add(family.name)
         names.update(f"{family.name}{suffix}" for suffix in ("_total", "_bucket", "_sum", "_count"))
     return names
@@ -32,7 +32,7 @@ def test_every_metric_in_the_dashboard_exists():
 def test_every_metric_is_described_in_operators_md():
     text = (DOCS / "operators.md").read_text()
     documented = set(NAME.findall(text))
-    for family in metrics.REGISTRY.collect():
+    for family in metrics.families().registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert name in documented, name
     assert documented <= exposed_names(), documented - exposed_names()
