@@ -74,6 +74,7 @@ from sessions.ops.records import recorder
 from sessions.transport.stream import drain_frame, drain_retry_ms
 
 __all__ = [
+    "DRAIN_SIGNAL",
     "SHUTDOWN_TIMEOUT_S",
     "Lifecycle",
     "LifespanApp",
@@ -89,6 +90,9 @@ logger = logging.getLogger("qwenweb.lifecycle")
 SHUTDOWN_TIMEOUT_S: Final = 10.0
 """Upper bound of the wait for the streams to record their end at shutdown."""
 
+DRAIN_SIGNAL: Final = signal.SIGUSR1
+"""The signal that starts the graceful drain without stopping the process (:func:`drain`)."""
+
 _random = random.SystemRandom()  # jitter only; no secret depends on it
 
 
@@ -103,7 +107,7 @@ class Lifecycle(Listener):
         self._atexit_registered = False
         self._hooked_loops: set[int] = set()
         self._signalled = False
-        self._shutdown_tasks: set[asyncio.Task[None]] = set()
+        self._shutdown_tasks: set[asyncio.Task[Any]] = set()
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
@@ -129,6 +133,9 @@ class Lifecycle(Listener):
         Only on the main thread, and only for a signal whose current handler a server
         installed (a Python callable other than ``signal.default_int_handler``); the
         defaults and ``SIG_IGN`` are left alone (``atexit`` covers a plain Ctrl-C).
+        Also makes :data:`DRAIN_SIGNAL` (SIGUSR1, when nobody else handles it) start the
+        drain alone, without stopping: ``python -m qwenweb.serve`` sends it to granian's
+        workers on SIGTERM while they still listen (``qwenweb.granian_server``).
         """
         if threading.current_thread() is not threading.main_thread():
             return
@@ -136,6 +143,25 @@ class Lifecycle(Listener):
             previous = signal.getsignal(sig)
             if callable(previous) and previous is not signal.default_int_handler:
                 signal.signal(sig, self.chained_handler(loop, previous))
+        if signal.getsignal(DRAIN_SIGNAL) == signal.SIG_DFL:
+            signal.signal(DRAIN_SIGNAL, self.drain_handler(loop))
+
+    def drain_handler(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """A signal handler that starts :func:`drain` (``DRAIN_S``) on ``loop``, once."""
+
+        def start() -> None:
+            if hooks.draining:
+                return
+            logger.info("drain_requested signal=%s", DRAIN_SIGNAL.name)
+            task = loop.create_task(drain(get_backend().config.drain_s), name="qwenweb-drain")
+            self._shutdown_tasks.add(task)
+            task.add_done_callback(self._shutdown_tasks.discard)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(start)
+
+        return handler
 
     def chained_handler(self, loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
         """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
@@ -228,13 +254,15 @@ async def drain(drain_s: float) -> int:
     """End every open stream of this process, spread over ``drain_s`` seconds; return how many.
 
     Sets ``hooks.draining`` first (``/readyz`` 503; the stream route refuses new streams
-    with ``stream_error`` ``server_draining``). The open streams, in random order, each
+    with ``stream_error`` ``server_draining``; for good: a drained process is expected to
+    stop). The open streams, in random order, each
     end at its own moment of the window (one per ``drain_s / n`` slice, uniformly within
     it) with the terminal frame :func:`~sessions.transport.stream.drain_frame` and a
     ``retry:`` drawn from ``DRAIN_RETRY_MS``: their clients come back to the other
     processes spread over the window, never in one burst. Never raises.
     """
     hooks.draining = True
+    hooks.shutting_down = True  # the process is going away: its streams end server_shutdown
     backend = get_backend()
     streams = [
         (live, subscription)

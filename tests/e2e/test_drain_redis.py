@@ -31,6 +31,7 @@ from tests.support.server import (
     open_stream,
     redis_cluster,
     request_json,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
@@ -103,6 +104,7 @@ async def test_sigterm_drains_streams_onto_the_other_process_spread_without_loss
     session = RemoteSession.create(b.base_url)
     published: list[int] = []
     stop_publishing = asyncio.Event()
+    published_all = asyncio.Event()
 
     def publish_one(n: int) -> int:
         status, body = request_json(
@@ -119,10 +121,10 @@ async def test_sigterm_drains_streams_onto_the_other_process_spread_without_loss
             n += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop_publishing.wait(), 0.05)
+        published_all.set()
 
     async def last_id() -> int:
-        while not stop_publishing.is_set():
-            await asyncio.sleep(0.05)  # (bounded by the test's timeout)
+        await published_all.wait()  # (bounded by the test's timeout)
         return published[-1]
 
     clients = [Client() for _ in range(CLIENTS)]
@@ -136,6 +138,11 @@ async def test_sigterm_drains_streams_onto_the_other_process_spread_without_loss
     assert a.process is not None
     sigterm_at = time.monotonic()
     a.process.send_signal(signal.SIGTERM)
+    # Readiness turns 503 while A still listens and drains (the load balancer's cue).
+    readiness = await asyncio.to_thread(
+        wait_for, lambda: request_json("GET", f"{a.base_url}/readyz")[0] == 503, DRAIN_S
+    )
+    assert readiness
     async with asyncio.timeout(WAIT_S + DRAIN_S):
         while not all(c.reconnected_at for c in clients):
             await asyncio.sleep(0.05)
