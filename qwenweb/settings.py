@@ -147,7 +147,10 @@ if not DEBUG:
         "staticfiles": {"BACKEND": "qwenweb.storage.HashedStaticFilesStorage"},
     }
 
-LOGIN_URL = "/admin/login/"
+# Owners log in at /accounts/login/ (staff can use the admin's login too).
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "session-list"
+LOGOUT_REDIRECT_URL = "login"
 
 # The event bus and its route (docs/protocol.md, "Errors and limits"). Read through
 # `sessions.conf.get_config()`; each key can be overridden by the environment variable

@@ -1,15 +1,23 @@
-"""URL configuration: the admin and the sessions app.
+"""URL configuration: the admin, the login pages and the sessions app.
 
 ``GET /session/<id>/events`` never reaches these patterns: ``qwenweb.asgi`` routes it to
 the streaming handler in front of Django (EB-22).
 """
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import URLPattern, URLResolver, include, path
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
+    # The login page for everyone (the admin's own login refuses users who are not staff).
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("sessions.urls")),
 ]
 

@@ -29,7 +29,7 @@ from sessions.bus import (
     MAX_SAFE_INTEGER,
 )
 
-__all__ = ["ENV_OVERRIDES", "QwenwebConfig", "config_errors", "get_config"]
+__all__ = ["ENV_OVERRIDES", "SNAPSHOT_MAX_LIMIT", "QwenwebConfig", "config_errors", "get_config"]
 
 #: settings key -> environment variable that overrides it.
 ENV_OVERRIDES: Final = {
@@ -58,6 +58,8 @@ ENV_OVERRIDES: Final = {
     "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
+    "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
+    "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -86,6 +88,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "DRAIN_S": 10.0,
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
     "SERVER_BACKLOG": 4096,
+    "SNAPSHOT_LIMIT": 500,
+    "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
 
 # key -> (kind, minimum, maximum)
@@ -111,7 +115,11 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
+    "SNAPSHOT_LIMIT": (int, 1, 5000),
+    "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
+#: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
+SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
 _BOOL_WORDS: Final = {"1": True, "true": True, "yes": True, "on": True, "0": False,
                       "false": False, "no": False, "off": False}  # fmt: skip
@@ -163,6 +171,10 @@ class QwenwebConfig:
     request_header_timeout_s: float
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
+    #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
+    snapshot_limit: int
+    #: Byte cap of a snapshot's events (the newest event is answered even if larger).
+    snapshot_max_bytes: int
 
 
 def _raw_values() -> dict[str, Any]:

@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-import orjson
 from channels.db import database_sync_to_async
 
 from sessions import token_versions
@@ -50,6 +49,7 @@ from sessions.backends.idempotency import (
 )
 from sessions.backends.rates import ByteRates
 from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
+from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
@@ -68,7 +68,7 @@ __all__ = [
     "Revocation",
     "SessionClosedError",
     "SessionNotFoundError",
-    "snapshot_json",
+    "SnapshotPage",
 ]
 
 logger = logging.getLogger("qwenweb.backend")
@@ -132,45 +132,6 @@ class Health:
 
     ok: bool
     problems: tuple[str, ...] = ()
-
-
-def snapshot_json(live: LiveSession, subscriber_count: int | None = None) -> bytes:
-    """Return the load-session body: metadata, cursor, epoch and the ring.
-
-    Shape: ``{"id", "title", "status", "createdAt", "lastEventId", "epoch",
-    "subscriberCount", "ringSize", "earliestAvailableId", "events": [...]}``; ``events``
-    starts with a synthetic ``{"v":1,"type":"history_truncated","data":
-    {"earliestAvailableId": N}}`` when events before the ring's first were dropped. Event
-    bytes are the ones serialized at publish time (``orjson.Fragment``), not re-encoded.
-    ``subscriber_count`` overrides this process's count (a sum over processes).
-    """
-    bus = live.bus
-    ring = bus.ring_snapshot()
-    earliest = ring[0].id if ring else bus.next_id
-    assert earliest is not None
-    events: list[Any] = []
-    if earliest > 1:
-        events.append(
-            {"v": 1, "type": "history_truncated", "data": {"earliestAvailableId": earliest}}
-        )
-    events.extend(orjson.Fragment(f.json) if f.json is not None else dict(f) for f in ring)
-    return orjson.dumps(
-        {
-            "id": live.session_id,
-            "title": live.title,
-            "status": "closed" if bus.closed else "open",
-            "createdAt": live.created_at,
-            "lastEventId": bus.last_event_id,
-            "epoch": bus.epoch,
-            "subscriberCount": (
-                bus.subscriber_count if subscriber_count is None else subscriber_count
-            ),
-            "ringSize": bus.ring_size,
-            "earliestAvailableId": earliest,
-            "events": events,
-        },
-        default=str,
-    )
 
 
 def subscriber_row(
@@ -345,13 +306,29 @@ class Backend(ABC):
         """
         return live
 
-    async def snapshot(self, live: LiveSession) -> bytes:
-        """Return the load-session body (:func:`snapshot_json`) with every event published
-        before the call and the subscriber count of every process.
+    async def snapshot(
+        self, live: LiveSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage:
+        """Return the load-session page (:func:`~sessions.backends.snapshot.snapshot_page`):
+        the newest ``limit`` events (default ``SNAPSHOT_LIMIT``) with an id below ``before``,
+        within ``SNAPSHOT_MAX_BYTES``, with every event published before the call and the
+        subscriber count of every process. The caller writes it out with ``chunks()``.
 
         Raises :class:`SessionClosedError` / :class:`BackendUnavailableError` (shared store).
         """
-        return snapshot_json(await self.caught_up(live))
+        live = await self.caught_up(live)
+        return self._snapshot_page(live, limit, before, None)
+
+    def _snapshot_page(
+        self, live: LiveSession, limit: int | None, before: int | None, subscribers: int | None
+    ) -> SnapshotPage:
+        return snapshot_page(
+            live,
+            limit=self.config.snapshot_limit if limit is None else limit,
+            max_bytes=self.config.snapshot_max_bytes,
+            before=before,
+            subscriber_count=subscribers,
+        )
 
     # -- ids reserved ahead (EB-1: never reissued) ------------------------------------
 

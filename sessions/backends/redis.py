@@ -53,7 +53,7 @@ from sessions.backends.base import (
     Health,
     LiveSession,
     Published,
-    snapshot_json,
+    SnapshotPage,
 )
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
@@ -482,9 +482,12 @@ class RedisBackend(RedisControlled):
         head = await self.store().head(live.session_id)
         return await self._ready_mirror(live, head.last_event_id)
 
-    async def snapshot(self, live: LiveSession) -> bytes:
+    async def snapshot(
+        self, live: LiveSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage:
         live = await self.caught_up(live)
-        return snapshot_json(live, await self.subscriber_count(live))
+        subscribers = await self.subscriber_count(live)
+        return self._snapshot_page(live, limit, before, subscribers)
 
     async def _ready_mirror(self, live: LiveSession, cursor: int | None) -> LiveSession:
         store = self.store()

@@ -15,6 +15,7 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
@@ -70,7 +71,7 @@ def enforce_csrf(request: HttpRequest) -> None:
     check.process_view(request, lambda r: HttpResponse(), (), {})
 
 
-_View = Callable[..., Coroutine[Any, Any, HttpResponse]]
+_View = Callable[..., Coroutine[Any, Any, HttpResponseBase]]
 
 
 def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[[_View], _View]:
@@ -89,7 +90,7 @@ def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[
     def decorate(view: _View) -> _View:
         @csrf_exempt
         @functools.wraps(view)
-        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             method = request.method or ""
             preflight = is_preflight(method, request.headers.get("Access-Control-Request-Method"))
             response = (
@@ -108,7 +109,7 @@ def api_view(*methods: str, served_elsewhere: tuple[str, ...] = ()) -> Callable[
                 response[name] = value
             return response
 
-        async def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        async def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 allowed = (*served_elsewhere, *methods)
                 response = error_response(

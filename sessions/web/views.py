@@ -13,10 +13,11 @@ routed in front of Django by ``qwenweb.asgi``.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 
 from sessions.auth import (
@@ -37,8 +38,14 @@ from sessions.backends.base import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from sessions.bus import DEFAULT_MAX_QUEUED, MAX_EVENT_RING_SIZE, MAX_QUEUED_MAX, MAX_QUEUED_MIN
-from sessions.conf import get_config
+from sessions.bus import (
+    DEFAULT_MAX_QUEUED,
+    MAX_EVENT_RING_SIZE,
+    MAX_QUEUED_MAX,
+    MAX_QUEUED_MIN,
+    MAX_SAFE_INTEGER,
+)
+from sessions.conf import SNAPSHOT_MAX_LIMIT, get_config
 from sessions.errors import ApiError
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
@@ -223,17 +230,26 @@ async def _open_session(principal: Principal, session_id: str, scope: str) -> Li
 
 
 @api_view("GET", "HEAD")
-async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
-    """``GET /session/<id>``: the snapshot a client rebuilds from after a resync.
+async def load_session(
+    request: HttpRequest, session_id: str
+) -> HttpResponse | StreamingHttpResponse:
+    """``GET /session/<id>?limit=N&before=<id>``: the snapshot a client rebuilds from.
 
-    Needs ``read`` access. 404 unknown; a closed session answers the same shape with
-    ``"status": "closed"``, no epoch and no events. The snapshot holds every event
-    published before the request, on any process (``Backend.snapshot``).
+    Needs ``read`` access. Answers the newest ``limit`` events (default ``SNAPSHOT_LIMIT``,
+    at most ``SNAPSHOT_MAX_LIMIT``) with an id below ``before``, within
+    ``SNAPSHOT_MAX_BYTES``, with ``hasOlder`` / ``firstEventId`` to page back; written out
+    as it is read (``SnapshotPage.chunks``). 400 ``invalid_request`` (``field`` ``limit`` or
+    ``before``) for a value that is not an integer in range; 404 unknown; a closed session
+    answers the same shape with ``"status": "closed"``, no epoch and no events. The
+    snapshot holds every event published before the request, on any process.
     """
     session_id = _session_id_or_404(session_id)
+    limit = _query_int(request, "limit", SNAPSHOT_MAX_LIMIT)
+    before = _query_int(request, "before", MAX_SAFE_INTEGER)
     principal = await _authenticate(request)
     try:
-        body = await get_backend().snapshot(await _open_session(principal, session_id, "read"))
+        live = await _open_session(principal, session_id, "read")
+        page = await get_backend().snapshot(live, limit=limit, before=before)
     except SessionClosedError:
         row = await _row_or_404(session_id)
         return JsonResponse(
@@ -248,10 +264,39 @@ async def load_session(request: HttpRequest, session_id: str) -> HttpResponse:
                 "subscriberCount": 0,
                 "ringSize": row.ring_size or get_config().ring_size,
                 "earliestAvailableId": None,
+                "firstEventId": None,
+                "hasOlder": False,
                 "events": [],
             }
         )
-    return HttpResponse(body, content_type="application/json")
+    if request.method == "HEAD":
+        return HttpResponse(content_type="application/json")
+    return StreamingHttpResponse(_aiter(page.chunks()), content_type="application/json")
+
+
+async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    # An async iterator: Django would otherwise collect a sync one into a list first.
+    for chunk in chunks:
+        yield chunk
+
+
+def _query_int(request: HttpRequest, name: str, maximum: int) -> int | None:
+    """The query parameter ``name`` as an integer in [1, ``maximum``], or None when absent.
+
+    Raises ``ApiError`` 400 ``invalid_request`` with ``field`` = ``name`` otherwise.
+    """
+    raw = request.GET.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 16 and 1 <= int(raw) <= maximum):
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"{name} must be an integer in [1, {maximum}]",
+            field=name,
+            limit=maximum,
+        )
+    return int(raw)
 
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"

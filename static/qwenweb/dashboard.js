@@ -7,6 +7,9 @@
 // what happened (subscriber joined/left, slow_client_warning, client_evicted, session
 // opened/closed). The page updates its rows, tiles and plots in place; it never reloads.
 // EventSource reconnects by itself; missed activity is gone, the next `stats` repairs counts.
+// The dashboard tabs of one browser share one feed connection (./shared_feed.js
+// SharedFeed: one tab holds the EventSource and posts its events to the others), and a feed
+// without an answer after 5 s shows that the browser waits for a free connection.
 //
 // A session's detail panel ("subscribers" in its row) shows its live subscribers in every
 // server process with a Disconnect button each (./subscribers.js): it polls
@@ -15,6 +18,8 @@
 // The pure helpers are exported (and tested under Node: tests/js/dashboard.test.mjs); the
 // DOM part runs only in a browser.
 
+import { ConnectionWaitNotice } from "./connection_wait.js";
+import { SharedFeed } from "./shared_feed.js";
 import { SubscribersTable } from "./subscribers.js";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -196,20 +201,31 @@ class Dashboard {
       state.dataset.state = value;
       state.textContent = text;
     };
-    const source = new EventSource(this.config.feedUrl);
-    source.addEventListener("stream-open", () => show("live", "live"));
-    source.addEventListener("open", () => show("live", "live"));
-    source.addEventListener("error", () => show("reconnecting", "reconnecting…"));
-    source.addEventListener("stream-error", (event) => {
-      show("reconnecting", "refused");
-      console.warn("operator feed refused", event.data);
-      source.close();
+    const notice = new ConnectionWaitNotice(document.querySelector(".dash-head"), { id: "feed-wait" });
+    const feed = new SharedFeed({
+      key: this.config.feedUrl,
+      open: () => new EventSource(this.config.feedUrl),
+      events: ["stream-open", "stream-error", "stats", "activity"],
+      closeOn: ["stream-error"],
+      replayLatest: ["stats"],
+      onOpen: () => show("live", "live"),
+      onError: () => show("reconnecting", "reconnecting…"),
+      onConnectionWait: (waiting) => notice.set("feed", waiting),
+      onRoleChange: (role) => {
+        state.dataset.role = role;
+        state.title = role === "follower" ? "shared: another dashboard tab holds the feed" : "";
+      },
+      onMessage: (type, data) => {
+        if (type === "stream-open") show("live", "live");
+        else if (type === "stream-error") {
+          show("reconnecting", "refused");
+          console.warn("operator feed refused", data);
+        } else if (type === "stats") this.onStats(JSON.parse(data));
+        else if (type === "activity") for (const item of JSON.parse(data).items) this.onActivity(item);
+      },
     });
-    source.addEventListener("stats", (event) => this.onStats(JSON.parse(event.data)));
-    source.addEventListener("activity", (event) => {
-      for (const item of JSON.parse(event.data).items) this.onActivity(item);
-    });
-    this.source = source;
+    window.addEventListener("pagehide", () => feed.close());
+    this.feed = feed.start();
   }
 
   onStats(message) {

@@ -25,13 +25,21 @@
  * HTML. One stream per page (SC-13): a new one (maxQueued change) closes the old first, and
  * `pagehide` closes it so the server sees the disconnect (EB-20).
  *
+ * Tabs: the tabs of one session share one stream (./shared_stream.js): one tab holds it and
+ * posts every frame to the others; Drop, Pause reading and maxQueued give the tab a stream
+ * of its own first (said on the page), the other tabs keep sharing. The snapshot is the
+ * newest events only (`GET /session/<id>`, bounded); "Load earlier events" pages back with
+ * `?before=`. A request without response headers after 5 s shows that the browser waits
+ * for a free connection (./connection_wait.js).
+ *
  * Tools below the grid: the publish console with its "Provoke backpressure" helper
  * (./publish_console.js; owner and staff) and, for staff, the live subscribers table
  * (./subscribers.js). The stream sends `X-Client-Id: page-<random>` so that both can tell
  * this page's own subscriber among the others.
  */
+import { ConnectionWaitNotice, watchRequest } from "./connection_wait.js";
 import { PublishConsole } from "./publish_console.js";
-import { SessionEventStream } from "./sse.js";
+import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable } from "./subscribers.js";
 
 const MAX_LOG_ROWS = 2000;
@@ -54,7 +62,9 @@ const REASONS = {
   network_error: "network error",
   server_error: "server error",
   bad_content_type: "not an event stream",
-  unexpected_status: "unexpected status",
+  unexpected_status: "unexpected status: not an event stream answer, the stream ends",
+  shared_waiting: "waiting for the tab that holds this session's stream",
+  shared_handover: "the tab that held the stream closed: another tab takes over",
   client_evicted: "evicted: this reader fell behind",
   stream_error: "the server reported a stream error",
   dropped: "dropped from this page",
@@ -494,6 +504,10 @@ class SessionPage {
     this.noticeTimer = null;
     this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
     this.signalListeners = [];
+    this.waitNotice = new ConnectionWaitNotice(dom.banner);
+    this.olderBefore = null; // `before=` of the next "load earlier" page, null when none
+    this.earlier = null;
+    this.sharing = null;
   }
 
   /** Load the snapshot, render it, open the stream from its cursor. Never throws. */
@@ -501,11 +515,15 @@ class SessionPage {
     this.bindControls();
     this.startTools();
     setText(this.dom.streamUrl, this.config.urls.events);
+    this.addShareUi();
+    // Join the other tabs before the snapshot, so no frame they share meanwhile is missed.
+    this.openStream("", null, { start: false });
     let snapshot = null;
     try {
       snapshot = await this.loadSnapshot();
     } catch (error) {
       if (error instanceof HttpError && [401, 403, 404].includes(error.status)) {
+        this.stream.close(); // leaves the other tabs; this page streams nothing
         this.showBanner("error", `Cannot read this session: ${error.message}`);
         this.setState("stopped", { reason: "token_error", detail: error.message });
         return;
@@ -518,11 +536,22 @@ class SessionPage {
 
   // -- stream wiring --
 
-  openStream(lastEventId, epoch) {
+  /**
+   * Open the stream from the cursor: shared with the session's other tabs, or (`own`, as
+   * with a maxQueued) this tab's own. `start: false` only joins the tabs (frames are held
+   * until the next openStream starts it with the snapshot's cursor).
+   */
+  openStream(lastEventId, epoch, { own = false, start = true } = {}) {
+    const prepared = this.stream;
+    if (prepared !== null && !prepared.started && start && !own) {
+      prepared.start({ lastEventId, epoch });
+      this.renderPanel();
+      return;
+    }
     const previous = this.stream;
     this.stream = null; // callbacks of the old stream are ignored from here on
     if (previous !== null) {
-      this.reconnectBase += previous.reconnectCount + 1;
+      this.reconnectBase += previous.reconnectCount + (previous.started ? 1 : 0);
       previous.close();
     }
     const options = {
@@ -534,24 +563,72 @@ class SessionPage {
         return fetch(input, init);
       },
       getToken: (reason) => this.tokens.get(reason === "unauthorized"),
-      lastEventId,
-      epoch,
-      onEvent: (frame) => this.stream === stream && this.onFrame(frame),
-      onStateChange: (state, info) => this.stream === stream && this.setState(state, info),
-      onRetryScheduled: (delayMs) => this.stream === stream && this.onRetryScheduled(delayMs),
-      onResyncRequired: () => this.stream === stream && this.resync(),
-      onComment: () => this.stream === stream && setText(this.dom.heartbeat, formatTime(Date.now())),
       onCallbackError: (error) => {
         console.error("session page:", error);
         this.notify(`Page error: ${error}`, "error");
       },
     };
     if (this.maxQueued !== undefined) options.maxQueued = this.maxQueued;
-    const stream = new SessionEventStream(options);
+    const stream = new SharedStream({
+      key: this.config.sessionId,
+      own,
+      streamOptions: options,
+      lastEventId,
+      epoch,
+      onRoleChange: (role, info) => this.stream === stream && this.onRoleChange(role, info),
+      onConnectionWait: (waiting) => this.stream === stream && this.waitNotice.set("stream", waiting),
+      onEvent: (frame) => this.stream === stream && this.onFrame(frame),
+      onStateChange: (state, info) => this.stream === stream && this.setState(state, info),
+      onRetryScheduled: (delayMs) => this.stream === stream && this.onRetryScheduled(delayMs),
+      onResyncRequired: () => this.stream === stream && this.resync(),
+      onComment: () => this.stream === stream && setText(this.dom.heartbeat, formatTime(Date.now())),
+    });
     this.stream = stream;
     if (this.paused) stream.pause();
-    stream.start();
+    if (start) stream.start();
+    else stream.listen();
     this.renderPanel();
+  }
+
+  /** The stream's sharing changed: show it; say so when a control detached this tab. */
+  onRoleChange(role, info) {
+    if (role === "own" && info.reason === "pause") {
+      this.notify("Pause reading: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.");
+    }
+    this.renderSharing();
+  }
+
+  /** The "Sharing" line of the connection panel and the "load earlier" button (made here). */
+  addShareUi() {
+    const facts = this.dom.cursor.closest("dl");
+    if (facts !== null) {
+      const term = h("dt", "", "Sharing");
+      this.sharing = h("dd", "", "—");
+      this.sharing.id = "sharing";
+      facts.append(term, this.sharing);
+    }
+    const button = h("button", "btn btn-small load-earlier", "Load earlier events");
+    button.type = "button";
+    button.id = "load-earlier";
+    button.hidden = true;
+    button.addEventListener("click", () => this.loadEarlier());
+    this.dom.transcript.before(button);
+    this.earlier = button;
+  }
+
+  renderSharing() {
+    const stream = this.stream;
+    if (this.sharing === null || stream === null) return;
+    const how = stream.mode === "locks" ? "Web Locks" : stream.mode === "lease" ? "localStorage lease" : "";
+    const text = {
+      idle: "—",
+      electing: "joining the other tabs of this session…",
+      leader: `this tab holds the stream, shared with ${stream.tabs - 1} other tab(s) (${how})`,
+      follower: `shared: another tab holds the stream (${how})`,
+      own: "this tab's own stream (not shared)",
+    }[stream.role];
+    this.sharing.dataset.role = stream.role;
+    setText(this.sharing, text ?? stream.role);
   }
 
   setState(state, info = {}) {
@@ -700,10 +777,14 @@ class SessionPage {
 
   // -- snapshot and resync --
 
-  async loadSnapshot() {
-    const url = this.config.urls.load;
+  /** `GET /session/<id>` (the newest events; `query` e.g. "?before=120" pages back). */
+  async loadSnapshot(query = "") {
+    const url = `${this.config.urls.load}${query}`;
     const get = (token) =>
-      fetch(url, { headers: { Authorization: `Bearer ${token}`, Accept: "application/json" }, credentials: "omit" });
+      watchRequest(
+        fetch(url, { headers: { Authorization: `Bearer ${token}`, Accept: "application/json" }, credentials: "omit" }),
+        (waiting) => this.waitNotice.set("snapshot", waiting),
+      );
     let response = await get(await this.tokens.get(false));
     if (response.status === 401) response = await get(await this.tokens.get(true));
     if (!response.ok) throw new HttpError(response.status, `GET ${url}: HTTP ${response.status} ${await errorDetail(response)}`);
@@ -742,6 +823,7 @@ class SessionPage {
     if (Number.isSafeInteger(snapshot.lastEventId)) this.cursor = snapshot.lastEventId;
     if (snapshot.status === "closed") this.transcript.note("closed", "This session is closed.");
     this.lastRebuild = { lastEventId: this.cursor, count };
+    this.setOlder(snapshot);
   }
 
   /** SC-12: reload the snapshot, rebuild the view, then apply the frames held meanwhile. */
@@ -781,14 +863,59 @@ class SessionPage {
     this.renderPanel();
   }
 
+  /** Remember where "load earlier" continues (`firstEventId` while `hasOlder`). */
+  setOlder(snapshot) {
+    this.olderBefore = snapshot.hasOlder && Number.isSafeInteger(snapshot.firstEventId) ? snapshot.firstEventId : null;
+    if (this.earlier !== null) {
+      this.earlier.hidden = this.olderBefore === null;
+      this.earlier.disabled = false;
+    }
+  }
+
+  /** Draw the page of events before the first one shown above the transcript. */
+  async loadEarlier() {
+    const before = this.olderBefore;
+    if (before === null) return;
+    this.earlier.disabled = true;
+    let page;
+    try {
+      page = await this.loadSnapshot(`?before=${before}`);
+    } catch (error) {
+      this.notify(`Could not load earlier events: ${error.message}`, "error");
+      this.earlier.disabled = false;
+      return;
+    }
+    if (this.olderBefore !== before) return; // a resync rebuilt the view meanwhile
+    const holder = document.createElement("div");
+    const older = new Transcript(holder, document.createElement("span"));
+    for (const envelope of page.events) if (isObject(envelope)) older.apply(envelope);
+    const root = this.transcript.root;
+    const placeholder = this.transcript.placeholder;
+    if (placeholder && placeholder.isConnected && holder.childNodes.length > 0) placeholder.remove();
+    root.prepend(...holder.childNodes);
+    const ids = page.events.filter((e) => isObject(e) && Number.isSafeInteger(e.id)).map((e) => e.id);
+    this.log.add({
+      kind: "local",
+      type: "earlier events",
+      timeMs: Date.now(),
+      note: ids.length ? `${ids.length} earlier events drawn above (#${ids[0]}–#${ids.at(-1)})` : "no earlier events",
+    });
+    this.setOlder({ ...page, hasOlder: page.hasOlder && ids.length > 0 });
+  }
+
   // -- controls --
 
   bindControls() {
     const { drop, pause, demo, maxQueuedForm } = this.dom;
     drop.addEventListener("click", () => {
       if (this.stream === null) return;
+      const shared = this.stream.role !== "own";
       this.stream.drop();
-      this.notify("Connection dropped; the client reconnects with Last-Event-ID after the retry delay.");
+      this.notify(
+        `Connection dropped; the client reconnects with Last-Event-ID after the retry delay.${
+          shared ? " This tab now reads a stream of its own; the other tabs of this session keep sharing theirs." : ""
+        }`,
+      );
     });
     pause.addEventListener("click", () => this.togglePause());
     demo.addEventListener("click", () => this.startDemo());
@@ -882,8 +1009,13 @@ class SessionPage {
     }
     const cursor = this.stream !== null ? this.stream.lastEventId : "";
     const epoch = this.stream !== null ? this.stream.epoch : null;
-    this.openStream(cursor, epoch);
-    this.notify(`Reconnecting with ${this.maxQueued === undefined ? "the default maxQueued" : `?maxQueued=${this.maxQueued}`}.`);
+    // A maxQueued of this tab's is a stream of its own; the default shares again.
+    this.openStream(cursor, epoch, { own: this.maxQueued !== undefined });
+    this.notify(
+      this.maxQueued === undefined
+        ? "Reconnecting with the default maxQueued, shared with the other tabs of this session."
+        : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.`,
+    );
   }
 
   async startDemo() {
@@ -935,6 +1067,7 @@ class SessionPage {
     dom.pause.setAttribute("aria-pressed", String(this.paused));
     dom.demo.disabled = terminal;
     for (const control of dom.maxQueuedForm.elements) control.disabled = terminal;
+    this.renderSharing();
   }
 
   renderNextAttempt() {

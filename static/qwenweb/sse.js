@@ -18,8 +18,8 @@
  *   Read-only: `state`, `lastEventId`, `epoch`, `reconnectCount`, `retryMs`,
  *   `currentDelayMs`, `paused`.
  *   States: "idle" → "connecting" → "open" → "reconnecting" → "connecting" … and the two
- *   terminal states "stopped" (close(), 401 twice, 403, 404, other 4xx, token provider
- *   failure) and "ended" (204: the session is closed, EB-15).
+ *   terminal states "stopped" (close(), 401 twice, 403, 404, other 4xx, a 2xx/3xx other
+ *   than 200 and 204, token provider failure) and "ended" (204: the session is closed, EB-15).
  *
  * - `STATES` — the frozen list of those state names.
  * - `contentTypeEssence(value)` — the lower-cased MIME essence of a Content-Type value.
@@ -38,9 +38,10 @@
  *   dropButton.onclick = () => stream.drop();
  *
  * Options: url, getToken(reason), fetch, lastEventId, epoch, maxQueued, initialRetryMs (3000),
- * capMs (30000), floorMs (1000), random, setTimeout, clearTimeout. Callbacks: onEvent,
- * onStateChange(state, info), onRetryScheduled(delayMs, info), onResyncRequired(frame),
- * onComment(text), onCallbackError(error). One stream per page (SC-13): close() the old one
+ * capMs (30000), floorMs (1000), connectWaitMs (5000), random, setTimeout, clearTimeout.
+ * Callbacks: onEvent, onStateChange(state, info), onRetryScheduled(delayMs, info),
+ * onResyncRequired(frame), onComment(text), onConnectionWait(waiting, info),
+ * onCallbackError(error). One stream per page (SC-13): close() the old one
  * before making another.
  *
  * Concurrency: everything runs on the caller's event loop; no callback is ever invoked
@@ -349,7 +350,8 @@ export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting
 /**
  * @typedef {object} StateInfo
  * @property {string} [reason]   Why: "start", "reconnect", "token_refresh", "end_of_stream",
- *   "network_error", "server_error", "bad_content_type", "unexpected_status",
+ *   "network_error", "server_error", "bad_content_type", "unexpected_status" (a 2xx or 3xx
+ *   other than 200 and 204: terminal, the WHATWG model fails the connection),
  *   "client_evicted", "stream_error", "dropped", "closed", "session_ended", "unauthorized",
  *   "forbidden", "not_found", "client_error" (other 4xx), "token_error", "internal_error".
  * @property {number} [status]   HTTP status of the response that caused the change.
@@ -373,6 +375,10 @@ export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting
  * @property {(frame: StreamEvent) => void} [onResyncRequired]  A `state_resync_required`
  *   frame arrived (after its onEvent): reload the snapshot (SC-12).
  * @property {(text: string) => void} [onComment]  Comment lines (heartbeats), for debugging.
+ * @property {(waiting: boolean, info: {waitedMs: number}) => void} [onConnectionWait]
+ *   `true` when a request has had no response headers for `connectWaitMs` (the browser is
+ *   most likely out of connections to this server: 6 per host over HTTP/1.1); `false` once
+ *   that request got its answer, failed or was given up. The request keeps waiting.
  * @property {(error: unknown) => void} [onCallbackError]  A callback threw; default
  *   `console.error`. The stream carries on.
  * @property {string} [lastEventId]  Cursor to resume from (default "").
@@ -381,6 +387,7 @@ export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting
  * @property {number} [initialRetryMs]  Reconnection time before the server sends one; 3000.
  * @property {number} [capMs]     Cap of the exponential backoff; 30000.
  * @property {number} [floorMs]   Minimum base of the exponential backoff; 1000.
+ * @property {number} [connectWaitMs]  No response headers for this long → onConnectionWait(true); 5000.
  * @property {() => number} [random]  Default Math.random.
  * @property {typeof setTimeout} [setTimeout]
  * @property {typeof clearTimeout} [clearTimeout]
@@ -396,9 +403,11 @@ export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting
  * Responses (SC-10): 200 with a `text/event-stream` essence → "open", the body is read with
  * `getReader()` and parsed by a fresh parser seeded with the cursor; 204 → "ended";
  * 401 → one immediate retry with a token asked with reason "unauthorized" (a token equal to
- * one already rejected is never sent; a second consecutive 401 stops); 403, 404, other 4xx →
- * "stopped"; 5xx, any other status, a wrong content type, a network error → "reconnecting"
- * with backoff (SC-11, see `computeReconnectDelayMs`).
+ * one already rejected is never sent; a second consecutive 401 stops); 403, 404, other 4xx,
+ * and any status that is neither 200, 204, 4xx nor 5xx (201, 205, 206, 299, 301, 304 … as
+ * the WHATWG model fails the connection on them) → "stopped" with reason
+ * "unexpected_status"; 5xx, a wrong content type, a network error → "reconnecting" with
+ * backoff (SC-11, see `computeReconnectDelayMs`).
  *
  * The cursor moves only when a dispatched block carried an `id` (SC-9), and the epoch it
  * belongs to is the `X-Event-Epoch` of the response it arrived on (EB-13, EB-17).
@@ -415,8 +424,8 @@ export class SessionEventStream {
    * @param {SessionEventStreamOptions} options
    * @throws {TypeError} missing `url`; `getToken`, `fetch`, a timer or `random` not a
    *   function; `lastEventId` not a string free of CR/LF/NUL; `epoch` not a string or null.
-   * @throws {RangeError} `maxQueued` not an integer in [16, 2048]; `initialRetryMs`, `capMs`
-   *   or `floorMs` not a number >= 0.
+   * @throws {RangeError} `maxQueued` not an integer in [16, 2048]; `initialRetryMs`, `capMs`,
+   *   `floorMs` or `connectWaitMs` not a number >= 0.
    */
   constructor(options = {}) {
     const {
@@ -428,6 +437,7 @@ export class SessionEventStream {
       onRetryScheduled,
       onResyncRequired,
       onComment,
+      onConnectionWait,
       onCallbackError = (error) => console.error("SessionEventStream callback failed:", error),
       lastEventId = "",
       epoch = null,
@@ -435,6 +445,7 @@ export class SessionEventStream {
       initialRetryMs = 3000,
       capMs = 30000,
       floorMs = 1000,
+      connectWaitMs = 5000,
       random = Math.random,
       setTimeout: setTimer = globalThis.setTimeout,
       clearTimeout: clearTimer = globalThis.clearTimeout,
@@ -452,7 +463,7 @@ export class SessionEventStream {
       fail(TypeError, "lastEventId must be a string without CR, LF or NUL");
     }
     if (epoch !== null && typeof epoch !== "string") fail(TypeError, "epoch must be a string or null");
-    for (const [name, value] of Object.entries({ initialRetryMs, capMs, floorMs })) {
+    for (const [name, value] of Object.entries({ initialRetryMs, capMs, floorMs, connectWaitMs })) {
       if (typeof value !== "number" || !(value >= 0)) fail(RangeError, `${name} must be a number >= 0`);
     }
     if (maxQueued !== undefined && !(Number.isInteger(maxQueued) && maxQueued >= 16 && maxQueued <= 2048)) {
@@ -465,7 +476,8 @@ export class SessionEventStream {
     // when called as methods of another object.
     this._getToken = (reason) => getToken(reason);
     this._fetch = (input, init) => fetchFn(input, init);
-    this._callbacks = { onEvent, onStateChange, onRetryScheduled, onResyncRequired, onComment };
+    this._callbacks = { onEvent, onStateChange, onRetryScheduled, onResyncRequired, onComment, onConnectionWait };
+    this._connectWaitMs = connectWaitMs;
     this._onCallbackError = onCallbackError;
     this._capMs = capMs;
     this._floorMs = floorMs;
@@ -614,6 +626,10 @@ export class SessionEventStream {
     if (attempt === null) return;
     this._attempt = null;
     attempt.dead = true;
+    if (attempt.waiting) {
+      attempt.waiting = false;
+      this._call("onConnectionWait", false, { waitedMs: 0 });
+    }
     attempt.controller.abort();
     if (attempt.reader) attempt.reader.cancel().catch(() => {});
     this._releaseReaders();
@@ -690,6 +706,7 @@ export class SessionEventStream {
     }
 
     let response;
+    const waitTimer = this._watchHeaders(attempt);
     try {
       response = await this._fetch(this._url, {
         method: "GET",
@@ -697,14 +714,35 @@ export class SessionEventStream {
         signal: attempt.controller.signal,
       });
     } catch (error) {
+      this._endHeadersWait(attempt, waitTimer);
       if (!attempt.dead) this._fail(attempt, "network_error", { error });
       return;
     }
+    this._endHeadersWait(attempt, waitTimer);
     if (attempt.dead) {
       discardBody(response);
       return;
     }
     await this._handleResponse(attempt, response, token, tokenReason);
+  }
+
+  /** Start the "no response headers yet" timer of `attempt` (see onConnectionWait). */
+  _watchHeaders(attempt) {
+    const startedAt = Date.now();
+    return this._setTimer(() => {
+      if (attempt.dead || attempt.headersAt !== undefined) return;
+      attempt.waiting = true;
+      this._call("onConnectionWait", true, { waitedMs: Date.now() - startedAt });
+    }, this._connectWaitMs);
+  }
+
+  _endHeadersWait(attempt, timer) {
+    this._clearTimer(timer);
+    attempt.headersAt = Date.now();
+    if (attempt.waiting) {
+      attempt.waiting = false;
+      this._call("onConnectionWait", false, { waitedMs: 0 });
+    }
   }
 
   _buildHeaders(token) {
@@ -741,8 +779,9 @@ export class SessionEventStream {
       return;
     }
     if (status < 400 || status > 499) {
+      // 201, 205, 206, 299, 301, 304 …: the WHATWG model fails the connection for good.
       discardBody(response);
-      this._fail(attempt, "unexpected_status", { status });
+      this._stop("stopped", { reason: "unexpected_status", status });
       return;
     }
     const detail = await readErrorDetail(response);

@@ -106,9 +106,10 @@ def test_staff_see_the_live_subscribers_and_disconnecting_a_row_ends_that_one_on
 ) -> None:
     session = RemoteSession.create(server.base_url, title="two tabs")
     mine = SessionPage(page, session).open()
-    other = SessionPage(page.context.new_page(), session)
-    other.page.goto(session.page_url)  # the same login, a second tab: a second subscriber
-    other.expect_state("open")
+    # Another browser (context): the tabs of one browser share one stream (issue 13).
+    assert page.context.browser is not None
+    other_context = page.context.browser.new_context()
+    other = SessionPage(other_context.new_page(), session).open()
     rows = page.locator("#subscribers tbody tr")
     expect(rows).to_have_count(2)
     expect(page.locator("#subscribers tbody tr.subs-own")).to_have_count(1)
@@ -118,7 +119,7 @@ def test_staff_see_the_live_subscribers_and_disconnecting_a_row_ends_that_one_on
     expect(other.page.locator("#last-stream-error")).to_contain_text("operator_disconnect")
     mine.wait_for_id(session.say("still here ")[-1])
     expect(page.locator("#last-stream-error")).to_have_text("—")
-    other.page.close()
+    other_context.close()
 
 
 def test_publish_console_publishes_an_event_that_appears_in_the_transcript(

@@ -35,11 +35,11 @@ def page_config(body: bytes) -> dict[str, object]:
     return config
 
 
-async def test_session_page_without_login_redirects_to_admin_login_with_next(make_session):
+async def test_session_page_without_login_redirects_to_the_login_page_with_next(make_session):
     sid = await make_session()
     response = await call("GET", f"/sessions/{sid}/")
     assert response.status == 302
-    assert response.headers["location"] == f"/admin/login/?next=/sessions/{sid}/"
+    assert response.headers["location"] == f"/accounts/login/?next=/sessions/{sid}/"
 
 
 async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_session):

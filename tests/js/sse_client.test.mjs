@@ -365,6 +365,123 @@ describe("SC-10 response checks", () => {
   });
 });
 
+describe("SC-10 / WHATWG: a 2xx or 3xx other than 200 and 204 fails the connection for good", () => {
+  for (const status of [201, 202, 205, 206, 299, 301, 304, 399]) {
+    test(`${status} stops with reason unexpected_status and never reconnects`, T, async () => {
+      const h = harness();
+      h.server.status(status);
+      h.stream.start();
+      await h.waitState("stopped");
+      assert.deepEqual(h.log.states.at(-1), ["stopped", "unexpected_status"]);
+      assert.deepEqual(h.timers.pending, []);
+      assert.equal(h.server.calls.length, 1);
+      assert.deepEqual(h.log.delays, []);
+    });
+  }
+
+  test("the stop info of a 201 carries the status, for the page to show", T, async () => {
+    const server = fakeServer();
+    let info;
+    server.status(201);
+    const stream = new SessionEventStream({
+      url: URL_, fetch: server.fetch, getToken: () => "t", onStateChange: (_state, i) => (info = i),
+    });
+    stream.start();
+    await until(() => stream.state === "stopped", "stopped");
+    assert.deepEqual(info, { reason: "unexpected_status", status: 201 });
+  });
+
+  test("a 503 is retried with backoff until a 200 opens the stream", T, async () => {
+    const h = harness();
+    h.server.status(503, { error: { code: "backend_unavailable", message: "later" } });
+    h.server.status(503);
+    h.server.stream();
+    h.stream.start();
+    await h.waitState("reconnecting");
+    assert.deepEqual(h.log.states.at(-1), ["reconnecting", "server_error"]);
+    h.timers.fire();
+    await until(() => h.server.calls.length === 2 && h.lastState() === "reconnecting", "second failure");
+    h.timers.fire();
+    await openCall(h, 3);
+    assert.equal(h.log.delays.length, 2);
+    assert.ok(h.log.delays[1] >= h.log.delays[0], "the delay grows with consecutive failures");
+    h.stream.close();
+  });
+});
+
+describe("connection wait: no response headers after connectWaitMs", () => {
+  /** A fetch whose answer comes only when the test calls `answer()`. */
+  function heldFetch() {
+    const held = { calls: 0, answer: null, fail: null };
+    held.fetch = (_url, init) => {
+      held.calls += 1;
+      return new Promise((resolve, reject) => {
+        const body = new ReadableStream({ start: (c) => c.enqueue(encoder.encode(": hi\n\n")) }); // stays open
+        held.answer = () => resolve(new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream" } }));
+        held.fail = reject;
+        init.signal.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError")));
+      });
+    };
+    return held;
+  }
+
+  test("after connectWaitMs without headers the client says so, keeps waiting, and clears it on the answer", T, async () => {
+    const timers = fakeTimers();
+    const held = heldFetch();
+    const waits = [];
+    const stream = new SessionEventStream({
+      url: URL_, getToken: () => "t", fetch: held.fetch, connectWaitMs: 5000,
+      setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
+      onConnectionWait: (waiting) => waits.push(waiting),
+    });
+    stream.start();
+    await until(() => held.calls === 1, "fetch issued");
+    assert.deepEqual(timers.pending, [5000]);
+    timers.fire();
+    assert.deepEqual(waits, [true]);
+    assert.equal(stream.state, "connecting", "still waiting for the same request");
+    assert.equal(held.calls, 1, "no second request while the first waits");
+    held.answer();
+    await until(() => stream.state === "open", "open");
+    assert.deepEqual(waits, [true, false]);
+    stream.close();
+  });
+
+  test("an answer before connectWaitMs never raises the notice", T, async () => {
+    const timers = fakeTimers();
+    const held = heldFetch();
+    const waits = [];
+    const stream = new SessionEventStream({
+      url: URL_, getToken: () => "t", fetch: held.fetch,
+      setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
+      onConnectionWait: (waiting) => waits.push(waiting),
+    });
+    stream.start();
+    await until(() => held.calls === 1, "fetch issued");
+    held.answer();
+    await until(() => stream.state === "open", "open");
+    assert.deepEqual(timers.pending, [], "the wait timer was cleared");
+    assert.deepEqual(waits, []);
+    stream.close();
+  });
+
+  test("close() while waiting clears the notice", T, async () => {
+    const timers = fakeTimers();
+    const held = heldFetch();
+    const waits = [];
+    const stream = new SessionEventStream({
+      url: URL_, getToken: () => "t", fetch: held.fetch,
+      setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
+      onConnectionWait: (waiting) => waits.push(waiting),
+    });
+    stream.start();
+    await until(() => held.calls === 1, "fetch issued");
+    timers.fire();
+    stream.close();
+    assert.deepEqual(waits, [true, false]);
+  });
+});
+
 describe("SC-10 401: one fresh token, never the rejected one", () => {
   test("401 asks for a fresh token and retries at once with it", T, async () => {
     const h = harness();
@@ -656,9 +773,10 @@ describe("SC-13 close, drop, pause", () => {
       setTimeout: (fn) => fired.push(fn), clearTimeout: () => {},
     });
     stream.start();
-    await until(() => fired.length === 1, "reconnect scheduled");
+    await until(() => stream.state === "reconnecting", "reconnect scheduled");
+    assert.equal(fired.length, 2, "the headers-wait timer, then the reconnect timer");
     stream.close();
-    fired[0]();
+    fired[1]();
     assert.equal(stream.state, "stopped");
     assert.equal(h.server.calls.length, 1);
   });
@@ -775,7 +893,7 @@ describe("options and helpers", () => {
     });
     stream.start();
     await until(() => stream.state === "reconnecting", "reconnecting");
-    assert.deepEqual(thisValues, [undefined, undefined]);
+    assert.deepEqual(thisValues, [undefined, undefined, undefined], "headers-wait timer, fetch, reconnect timer");
     stream.close();
   });
 
