@@ -70,9 +70,12 @@ class Frame(Mapping[str, Any]):
         accepted_at: ``time.monotonic()`` when a bus of this process accepted the event
             (``publish`` or ``ingest``); 0.0 for a synthetic frame. Operators measure the
             delivery latency from it.
+        retry_ms: a reconnection time (ms) the writer puts in the frame's own block as a
+            ``retry:`` line, ahead of ``event:``, so a client has it before it handles
+            the frame; None (the default): no ``retry:`` line.
     """
 
-    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "type")
+    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "retry_ms", "type")
 
     def __init__(self, fields: dict[str, Any], json: bytes | None) -> None:
         self._fields = MappingProxyType(fields)
@@ -81,6 +84,7 @@ class Frame(Mapping[str, Any]):
         self.json = json
         self.nbytes = len(json) if json is not None else 0
         self.accepted_at = 0.0
+        self.retry_ms: int | None = None
 
     @property
     def synthetic(self) -> bool:

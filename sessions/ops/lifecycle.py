@@ -281,7 +281,6 @@ async def drain(drain_s: float) -> int:
         if delay > 0:
             await asyncio.sleep(delay)
         retry_ms = drain_retry_ms()
-        subscription.end_note = {"reason": "server_draining", "retryMs": retry_ms}
         ended += live.bus.disconnect(subscription, "server_draining", frame=drain_frame(retry_ms))
     logger.info("drain_finished streams=%d took_s=%.2f", ended, loop.time() - start)
     return ended

@@ -364,14 +364,7 @@ class SessionEventStream:
             except Exception:  # the connection itself may be what failed
                 logger.debug("stream_error frame could not be written", exc_info=True)
             return _STREAM_ERROR, detail
-        note = subscription.end_note
-        retry_ms = note.get("retryMs") if note else None
-        # The drain's jittered reconnection time goes after its terminal frame (SC-5).
-        last = encode_retry(retry_ms) if isinstance(retry_ms, int) else b""
-        await send({"type": "http.response.body", "body": last, "more_body": False})
-        if last:
-            subscription.bytes_sent += len(last)
-            observer.bytes_written(len(last))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
         return self._ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
 
     def _ended_by_bus(self, subscription: Subscription) -> tuple[str, str] | None:
@@ -429,7 +422,7 @@ class SessionEventStream:
             sanitize_for_log(session_id),
             retry_ms,
         )
-        frame, _ = self.encoder.synthetic(drain_frame(retry_ms))
+        frame, _ = self.encoder.synthetic(drain_frame(retry_ms))  # with its `retry:` line
         await send(
             {
                 "type": "http.response.start",
@@ -437,7 +430,7 @@ class SessionEventStream:
                 "headers": [*_STREAM_HEADERS, *cors],
             }
         )
-        await send({"type": "http.response.body", "body": encode_retry(retry_ms) + frame})
+        await send({"type": "http.response.body", "body": frame})
 
     async def _reject(
         self,
@@ -484,9 +477,10 @@ def drain_frame(retry_ms: int) -> Frame:
     """The terminal frame of a stream the drain ends or refuses (``server_draining``).
 
     Shape: ``{"v": 1, "type": "stream_error", "data": {"error": ..., "code":
-    "server_draining", "retryAfterMs": retry_ms}}``; the stream's ``retry:`` says the same.
+    "server_draining", "retryAfterMs": retry_ms}}``; its block starts with ``retry:
+    <retry_ms>`` (``Frame.retry_ms``), so every client reconnects after its own time.
     """
-    return synthetic_frame(
+    frame = synthetic_frame(
         "stream_error",
         {
             "error": "the server is shutting down; reconnect",
@@ -494,6 +488,8 @@ def drain_frame(retry_ms: int) -> Frame:
             "retryAfterMs": retry_ms,
         },
     )
+    frame.retry_ms = retry_ms
+    return frame
 
 
 def _text(raw: bytes | None) -> str | None:

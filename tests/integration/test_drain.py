@@ -71,6 +71,7 @@ async def test_a_new_stream_while_draining_gets_server_draining_and_retry(make_s
     data = stream.frames[0]["data"]
     assert data["code"] == "server_draining"
     assert retry_values(stream.body) == [data["retryAfterMs"]]
+    assert stream.body.startswith(b"retry: ")  # in the frame's own block, before `event:`
 
 
 async def test_drain_without_streams_returns_at_once():
