@@ -95,7 +95,7 @@ def granian_options(
 
     Returns a dict for ``Granian(**options)``. Never raises.
     """
-    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.constants import HTTPModes, Interfaces, Loops, SSLProtocols
     from granian.http import HTTP1Settings, HTTP2Settings
 
     from sessions.ops.lifecycle import SHUTDOWN_TIMEOUT_S
@@ -122,7 +122,7 @@ def granian_options(
     if certfile is not None and keyfile is not None:
         options["ssl_cert"] = certfile
         options["ssl_key"] = keyfile
-        options["ssl_protocol_min"] = "tls1.2"
+        options["ssl_protocol_min"] = SSLProtocols.tls12
     if static is not None:
         options["static_path_route"] = [static.route]
         options["static_path_mount"] = [static.path]
@@ -133,16 +133,13 @@ def granian_options(
 def serve(options: dict[str, Any]) -> None:
     """Run granian with ``options`` (from :func:`granian_options`) until it is stopped.
 
-    SIGTERM/SIGINT reach granian's main process, which stops its workers; in each worker
-    the ASGI ``lifespan.shutdown`` runs :func:`sessions.ops.lifecycle.shutdown` with
-    ``end_streams`` (every open stream gets its terminal frame, then the records are
-    written) before granian closes the connections.
+    SIGTERM/SIGINT reach granian's main process: the first one first drains the workers
+    (:func:`_drain_before_stopping`), then granian stops them; in each worker the ASGI
+    ``lifespan.shutdown`` runs (or joins) :func:`sessions.ops.lifecycle.shutdown` (every
+    open stream ended, then the records written) before granian closes the connections.
     """
     from granian import Granian
-    from granian.constants import SSLProtocols
 
-    if isinstance(options.get("ssl_protocol_min"), str):
-        options = {**options, "ssl_protocol_min": SSLProtocols(options["ssl_protocol_min"])}
     server = Granian(**options)
     _drain_before_stopping(server)
     server.serve()

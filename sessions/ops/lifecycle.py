@@ -7,9 +7,10 @@ of each server loop the backend attaches: it starts the records writer
 
 What "never lose them on a clean shutdown" means here
     A *clean shutdown* is the server process asked to stop with SIGINT or SIGTERM and
-    allowed to finish: ``python -m qwenweb.serve``, ``manage.py runserver`` and
-    ``daphne`` (Twisted), and uvicorn. Not ``kill -9``, not a crash, not a power cut:
-    those lose at most the last ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
+    allowed to finish: ``python -m qwenweb.serve`` (granian, or daphne with
+    ``--server daphne``), ``manage.py runserver`` and ``daphne`` (Twisted), and uvicorn.
+    Not ``kill -9``, not a crash, not a power cut: those lose at most the last
+    ``RECORDS_FLUSH_INTERVAL_S`` seconds of records.
 
     On a clean shutdown every record change made before the process exits is in the
     database when it exits — including the end of every stream that was still open,
@@ -28,6 +29,12 @@ What "never lose them on a clean shutdown" means here
 
     How the streams come to an end, and where the sequence is hooked:
 
+    - granian (``python -m qwenweb.serve``), and any server sending the ASGI lifespan:
+      :class:`LifespanApp` attaches the loop at ``lifespan.startup``. granian's main
+      process would stop its workers at once on SIGTERM (a worker closes its listener
+      first), so ``qwenweb.granian_server`` sends each worker :data:`DRAIN_SIGNAL` first
+      (the drain, while it listens) and the SIGTERM ``DRAIN_S`` + 1 s later; the worker's
+      ``lifespan.shutdown`` then runs (or joins) the sequence.
     - Any server that installed SIGINT/SIGTERM handlers (Twisted for daphne, ``serve``
       and ``runserver --noreload``; uvicorn): ours wraps them. On the first signal the
       sequence runs while the server still listens (the drain, then
@@ -108,6 +115,7 @@ class Lifecycle(Listener):
         self._hooked_loops: set[int] = set()
         self._signalled = False
         self._shutdown_tasks: set[asyncio.Task[Any]] = set()
+        self._installed: dict[int, Any] = {}
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the records writer and the dashboard feed on ``loop``; hook its shutdown.
@@ -142,7 +150,9 @@ class Lifecycle(Listener):
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(sig)
             if callable(previous) and previous is not signal.default_int_handler:
-                signal.signal(sig, self.chained_handler(loop, previous))
+                handler = self.chained_handler(loop, previous)
+                self._installed[sig] = handler
+                signal.signal(sig, handler)
         if signal.getsignal(DRAIN_SIGNAL) == signal.SIG_DFL:
             signal.signal(DRAIN_SIGNAL, self.drain_handler(loop))
 
@@ -185,11 +195,28 @@ class Lifecycle(Listener):
             try:
                 await shutdown(end_streams=True)
             finally:
-                previous(signum, None)  # now let the server shut down
+                self._hand_over(signum, previous)  # now let the server shut down
 
         task = loop.create_task(sequence(), name="qwenweb-shutdown")
         self._shutdown_tasks.add(task)
         task.add_done_callback(self._shutdown_tasks.discard)
+
+    def _hand_over(self, signum: int, previous: Any) -> None:
+        """Give the signal to the server's own handler, as if it had just arrived.
+
+        Where our handler is the one installed (main thread), the server's is put back and
+        the signal raised again, so that it sees a real delivery, with whatever wake-up of
+        its loop comes with one (uvloop's handler, under granian, is a method of the loop),
+        rather than a plain call; a later signal goes to it directly. Otherwise (a handler
+        built by :meth:`chained_handler` but never installed) ``previous`` is called.
+        """
+        ours = self._installed.get(signum)
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main and ours is not None and signal.getsignal(signum) is ours:
+            signal.signal(signum, previous)
+            signal.raise_signal(signum)
+        else:
+            previous(signum, None)
 
 
 listener = Lifecycle()

@@ -17,6 +17,7 @@ import json
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -72,11 +73,22 @@ def start(database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProces
         server.stop()
 
 
+SHUTDOWN_BOUND_S = 15.0
+"""Issue 12: with open streams, a signalled server exits within this."""
+
+
 def stop_with(server: ServerProcess, sig: signal.Signals) -> int:
-    """Send ``sig`` and wait (bounded) for the process to exit; return its exit code."""
+    """Send ``sig`` and wait (bounded) for the process to exit; return its exit code.
+
+    Fails unless it exited within :data:`SHUTDOWN_BOUND_S`.
+    """
     assert server.process is not None
+    started = time.monotonic()
     server.process.send_signal(sig)
-    return server.process.wait(timeout=WAIT_S)
+    code = server.process.wait(timeout=WAIT_S)
+    took_s = time.monotonic() - started
+    assert took_s < SHUTDOWN_BOUND_S, f"exited {took_s:.1f} s after {sig.name}"
+    return code
 
 
 def connections(database: Path, session_id: str) -> list[dict[str, Any]]:

@@ -155,6 +155,8 @@ async def test_sigterm_ends_http1_and_http2_streams_and_exits_in_time(
         await connection.aclose()
     assert code == 0
     assert took_s < SHUTDOWN_BOUND_S
+    assert connection.goaway is not None  # HTTP/2's graceful close: GOAWAY, then the end
+    print(f"exited {took_s:.2f} s after SIGTERM with 1 HTTP/1.1 and 2 HTTP/2 streams open")
     for events in (http1.events, *(s.events for s in streams)):
         assert event_ids(events) == [event_id]
         assert [e.type for e in events] == ["note", "stream_error"]
@@ -165,6 +167,26 @@ async def test_sigterm_ends_http1_and_http2_streams_and_exits_in_time(
     assert sorted(row["bytes_sent"] for row in rows) == sorted(
         len(body) for body in (http1.body, *(s.body for s in streams))
     )
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_proxy_headers_give_the_client_address_from_the_local_proxy(
+    start: Callable[..., ServerProcess], e2e_database: Path
+) -> None:
+    server = start("--proxy-headers", QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.1")
+    session = RemoteSession.create(server.base_url)
+    stream = await open_stream(
+        server.port, session.events_path, session.read_token, [("X-Forwarded-For", "203.0.113.7")]
+    )
+    try:
+        assert await asyncio.to_thread(
+            wait_for, lambda: len(connections(e2e_database, session.id)) == 1, 10
+        )
+        (row,) = connections(e2e_database, session.id)
+        assert row["client_addr"] == "203.0.113.7"  # from 127.0.0.1: believed
+    finally:
+        await stream.aclose()
 
 
 # -- limits --------------------------------------------------------------------------------

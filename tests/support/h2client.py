@@ -22,6 +22,8 @@ import h2.events
 from sessions.wire import ServerSentEvent, SSEParser
 from tests.support.tls import client_context
 
+GOAWAY_FRAME = 0x7
+
 
 @dataclass
 class H2Stream:
@@ -50,6 +52,8 @@ class H2Connection:
         self.closed = False
         self.alpn: str | None = None
         self._buffer = bytearray()
+        self.goaway: tuple[int, int] | None = None
+        """``(last_stream_id, error_code)`` of the last GOAWAY received, if any."""
         self._conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         )
@@ -107,15 +111,22 @@ class H2Connection:
             for stream in self.streams.values():
                 stream.ended = True
             return
-        # One frame at a time (9-byte header, 24-bit length): h2 refuses a frame that
-        # follows GOAWAY (granian sends a PING after it), and a refusal would lose the
-        # events of the frames before it in the same read.
+        # One frame at a time (9-byte header: 24-bit length, type): a server's graceful
+        # shutdown is GOAWAY(2^31 - 1), a PING, the last frames of its open streams, then a
+        # final GOAWAY and the close. The h2 library treats the first GOAWAY as the end
+        # of the connection and refuses every later frame, so GOAWAY frames are kept
+        # from it (noted in `goaway`): the client goes on as a browser does — it answers
+        # the PING and reads its streams to their end — until the server closes.
         self._buffer += data
-        while len(self._buffer) >= 9 and not self.closed:
+        while len(self._buffer) >= 9:
             size = 9 + int.from_bytes(self._buffer[:3], "big")
             if len(self._buffer) < size:
                 break
             frame, self._buffer = bytes(self._buffer[:size]), self._buffer[size:]
+            if frame[3] == GOAWAY_FRAME:
+                last_stream_id = int.from_bytes(frame[9:13], "big") & 0x7FFF_FFFF
+                self.goaway = (last_stream_id, int.from_bytes(frame[13:17], "big"))
+                continue
             for event in self._conn.receive_data(frame):
                 self._handle(event)
         self._flush()
