@@ -24,12 +24,38 @@ from django.dispatch import receiver
 from sessions.bus import (
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_RING_MAX_BYTES,
     DEFAULT_RING_SIZE,
     MAX_EVENT_RING_SIZE,
     MAX_SAFE_INTEGER,
 )
 
-__all__ = ["ENV_OVERRIDES", "SNAPSHOT_MAX_LIMIT", "QwenwebConfig", "config_errors", "get_config"]
+__all__ = [
+    "ENV_OVERRIDES",
+    "SNAPSHOT_MAX_LIMIT",
+    "QwenwebConfig",
+    "config_errors",
+    "default_ring_bytes_total",
+    "get_config",
+]
+
+_MIB: Final = 1024 * 1024
+
+
+def default_ring_bytes_total() -> int:
+    """``MAX_RING_BYTES_TOTAL``'s default: a quarter of physical RAM, in [256 MiB, 4 GiB].
+
+    A quarter leaves room for the rest of the process (frames being written, subscriber
+    queues, the encoder cache, Python's own heap and allocator slack: docs/capacity.md)
+    and for other processes; the cap keeps a large host from letting one process's rings
+    grow past what a restart can afford to lose. 1 GiB when the host does not say.
+    """
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1024 * _MIB
+    return max(256 * _MIB, min(4096 * _MIB, physical // 4))
+
 
 #: settings key -> environment variable that overrides it.
 ENV_OVERRIDES: Final = {
@@ -58,6 +84,15 @@ ENV_OVERRIDES: Final = {
     "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
+    "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
+    "RING_MAX_AGE_S": "QWENWEB_RING_MAX_AGE_S",
+    "MAX_RING_BYTES_TOTAL": "QWENWEB_MAX_RING_BYTES_TOTAL",
+    "MAX_SESSIONS_PER_USER": "QWENWEB_MAX_SESSIONS_PER_USER",
+    "MAX_USER_RING_SIZE": "QWENWEB_MAX_USER_RING_SIZE",
+    "PUBLISH_RATE_PER_S": "QWENWEB_PUBLISH_RATE_PER_S",
+    "PUBLISH_BYTES_PER_S": "QWENWEB_PUBLISH_BYTES_PER_S",
+    "IDLE_UNLOAD_S": "QWENWEB_IDLE_UNLOAD_S",
+    "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
 }
@@ -69,7 +104,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "HEARTBEAT_INTERVAL_S": 15.0,
     "WRITER_IDLE_TIMEOUT_S": 30.0,
     "TOKEN_LIFETIME_S": 3600,
-    "PUBLISH_MAX_BODY_BYTES": 1024 * 1024,
+    # 2 MiB: an event of 1 MiB of data fits with its envelope (and Django's
+    # DATA_UPLOAD_MAX_MEMORY_SIZE, 64 MiB + 1, above the range's top, never cuts first).
+    "PUBLISH_MAX_BODY_BYTES": 2 * _MIB,
     "ID_RESERVATION_BLOCK": 100_000,
     "BACKEND": "memory",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
@@ -88,6 +125,16 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "DRAIN_S": 10.0,
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
     "SERVER_BACKLOG": 4096,
+    # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
+    "RING_MAX_BYTES": DEFAULT_RING_MAX_BYTES,
+    "RING_MAX_AGE_S": 0.0,  # off
+    "MAX_RING_BYTES_TOTAL": None,  # None: default_ring_bytes_total()
+    "MAX_SESSIONS_PER_USER": 100,
+    "MAX_USER_RING_SIZE": 10_000,
+    "PUBLISH_RATE_PER_S": 1000.0,
+    "PUBLISH_BYTES_PER_S": 64 * _MIB,
+    "IDLE_UNLOAD_S": 0.0,  # off
+    "SESSION_HOLD_TTL_S": 30.0,
     "SNAPSHOT_LIMIT": 500,
     "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
 }
@@ -115,6 +162,15 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
+    "RING_MAX_BYTES": (int, 1024, MAX_SAFE_INTEGER),
+    "RING_MAX_AGE_S": (float, 0, 30 * 24 * 3600),
+    "MAX_RING_BYTES_TOTAL": (int, 1024 * 1024, MAX_SAFE_INTEGER),
+    "MAX_SESSIONS_PER_USER": (int, 1, 10_000_000),
+    "MAX_USER_RING_SIZE": (int, 1, MAX_EVENT_RING_SIZE),
+    "PUBLISH_RATE_PER_S": (float, 0.01, 1_000_000),
+    "PUBLISH_BYTES_PER_S": (int, 1024, MAX_SAFE_INTEGER),
+    "IDLE_UNLOAD_S": (float, 0, 30 * 24 * 3600),
+    "SESSION_HOLD_TTL_S": (float, 1, 3600),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
 }
@@ -171,6 +227,21 @@ class QwenwebConfig:
     request_header_timeout_s: float
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
+    #: A session's ring: bytes (of ``sessions.bus.held_bytes``) and age (s, 0 = off).
+    ring_max_bytes: int
+    ring_max_age_s: float
+    #: Every ring of the process together (bytes); its default: default_ring_bytes_total.
+    max_ring_bytes_total: int
+    #: Quotas: open sessions per user, the largest ringSize a non-staff user may ask for,
+    #: and each session's publish token buckets (events/s, bytes/s; a burst of 2 s).
+    max_sessions_per_user: int
+    max_user_ring_size: int
+    publish_rate_per_s: float
+    publish_bytes_per_s: int
+    #: Memory backend: unload a bus idle (no subscriber, no publish) this long; 0 = off.
+    idle_unload_s: float
+    #: Memory backend: how long a process's hold on a session lasts without renewal.
+    session_hold_ttl_s: float
     #: Events a snapshot answers when ``?limit=`` is absent (at most SNAPSHOT_MAX_LIMIT).
     snapshot_limit: int
     #: Byte cap of a snapshot's events (the newest event is answered even if larger).
@@ -216,6 +287,8 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return None, f"{source} must be empty or at least 16 printable characters"
     if key == "METRICS_ALLOWED_NETS":
         return _coerce_nets(source, raw)
+    if key == "MAX_RING_BYTES_TOTAL" and raw in (None, ""):
+        return default_ring_bytes_total(), None
     kind, low, high = _RANGES[key]
     value: Any
     try:

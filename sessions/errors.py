@@ -20,6 +20,7 @@ __all__ = [
     "ApiError",
     "backend_unavailable",
     "error_headers",
+    "quota_exceeded",
 ]
 
 RETRY_AFTER_S: Final = 3
@@ -36,12 +37,21 @@ class ApiError(Exception):
     """
 
     def __init__(
-        self, status: int, code: str, message: str, *, log_extra: str = "", **extra: Any
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        log_extra: str = "",
+        retry_after_s: int | None = None,
+        **extra: Any,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.extra = extra
         self.log_extra = log_extra
+        #: ``Retry-After`` of the answer (a 429's); None: the status's default.
+        self.retry_after_s = retry_after_s
 
     def payload(self) -> dict[str, Any]:
         """Return the body as a dict: ``{"error", "code", **extra}``."""
@@ -52,23 +62,45 @@ class ApiError(Exception):
         return orjson.dumps(self.payload())
 
 
-def error_headers(status: int) -> list[tuple[bytes, bytes]]:
+def error_headers(status: int, retry_after_s: int | None = None) -> list[tuple[bytes, bytes]]:
     """Return the headers of an error answer with ``status`` (content type, no-store,
-    the 401 challenge, the 503 ``Retry-After``)."""
+    the 401 challenge, ``Retry-After``: ``retry_after_s`` if given, else 3 on a 503)."""
     headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="qwenweb"'))
-    if status == 503:
-        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+    if retry_after_s is None and status == 503:
+        retry_after_s = RETRY_AFTER_S
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     return headers
 
 
 def backend_unavailable(detail: object = "") -> ApiError:
-    """The 503 for a request the event store cannot serve now (``backend_unavailable``)."""
+    """The 503 for a request the event store cannot serve now (``backend_unavailable``).
+
+    An error with its own ``code`` and ``public_message`` (``session_held_elsewhere``)
+    answers those instead.
+    """
     text = str(detail)[:200].replace("\n", " ")
     return ApiError(
         503,
-        "backend_unavailable",
-        BACKEND_UNAVAILABLE_MESSAGE,
+        str(getattr(detail, "code", "backend_unavailable")),
+        str(getattr(detail, "public_message", BACKEND_UNAVAILABLE_MESSAGE)),
         log_extra=f" detail={text!r}" if text else "",
+    )
+
+
+def quota_exceeded(error: Any) -> ApiError:
+    """The 429 of a :class:`~sessions.backends.errors.QuotaExceededError`: code
+    ``rate_limited`` (publish rates) or ``quota_exceeded``, naming the setting (``quota``)
+    and its ``limit``, with ``Retry-After``."""
+    code = "rate_limited" if error.quota.startswith("PUBLISH_") else "quota_exceeded"
+    return ApiError(
+        429,
+        code,
+        str(error),
+        retry_after_s=error.retry_after_s,
+        quota=error.quota,
+        limit=error.limit,
+        retryAfterS=error.retry_after_s,
     )

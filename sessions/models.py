@@ -54,6 +54,15 @@ class AgentSession(models.Model):
     bus_starts = models.PositiveIntegerField(
         default=0, help_text="How many times a server process built this session's bus."
     )
+    held_by = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Memory backend: the process (host:pid:token) serving this session.",
+    )
+    held_until = models.DateTimeField(
+        null=True, blank=True, help_text="Its hold lasts until then unless renewed."
+    )
     token_version = models.PositiveIntegerField(
         default=0,
         help_text="Tokens of this session issued with a lower version are revoked "

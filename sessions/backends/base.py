@@ -39,6 +39,7 @@ from sessions import token_versions
 from sessions.backends import rows
 from sessions.backends.errors import (
     BackendUnavailableError,
+    QuotaExceededError,
     SessionClosedError,
     SessionNotFoundError,
 )
@@ -47,10 +48,10 @@ from sessions.backends.idempotency import (
     IdempotencyKeyReusedError,
     IdempotencyStore,
 )
-from sessions.backends.rates import ByteRates
+from sessions.backends.rates import ByteRates, TokenBucket
 from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
 from sessions.backends.snapshot import SnapshotPage, snapshot_page
-from sessions.bus import BusStats, EventBus, Frame, Registry, Subscription
+from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.runtime import ServerLoop
@@ -65,6 +66,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "LiveSession",
     "Published",
+    "QuotaExceededError",
     "Revocation",
     "SessionClosedError",
     "SessionNotFoundError",
@@ -77,6 +79,8 @@ logger = logging.getLogger("qwenweb.backend")
 RENEWAL_RETRY_S = 5.0
 #: How long an operator page waits for the cluster's figures (multi-process backends).
 OPERATOR_STATS_TIMEOUT_S = 2.0
+#: A session's publish token buckets hold this many seconds of their rate (the burst).
+PUBLISH_BURST_S: Final = 2.0
 OPERATOR_DISCONNECT: Final = "operator_disconnect"
 """The ``reason`` of a subscriber an operator disconnected (:meth:`Backend.disconnect_subscriber`
 with ``by``): its terminal frame's ``reason`` and its record's end reason."""
@@ -98,6 +102,10 @@ class LiveSession:
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)
     # No new reservation attempt before this time (monotonic s) after a failed one.
     _renew_not_before: float = field(default=0.0, repr=False)
+    # The publish quotas' token buckets (events, bytes), made on the first publish.
+    _buckets: tuple[TokenBucket, TokenBucket] | None = field(default=None, repr=False)
+    # (next id, subscribers seen, monotonic s) at the idle sweep that last saw it change.
+    _idle_mark: tuple[int, int, float] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +202,9 @@ class Backend(ABC):
         self.registry: Registry[LiveSession] = Registry()
         self.loop = ServerLoop(hooks)
         self.rates = ByteRates()
+        #: Every ring of this process together (``MAX_RING_BYTES_TOTAL``); its
+        #: ``evicted_events`` counts the events it removed (for metrics).
+        self.ring_budget = RingBudget(config.max_ring_bytes_total)
         self._background: set[asyncio.Task[Any]] = set()
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
 
@@ -221,6 +232,62 @@ class Backend(ABC):
         loaded = await self.registry.get_or_create(session_id, lambda: self._load(session_id))
         assert loaded is not None  # the factory raises instead of returning None
         return loaded
+
+    def new_bus(
+        self, session_id: str, ring_size: int, *, start_id: int = 1, epoch: str | None = None
+    ) -> EventBus:
+        """A bus for ``session_id`` with this process's limits: ``ring_size`` events,
+        ``RING_MAX_BYTES``, ``RING_MAX_AGE_S``, the process budget (docs/protocol.md, "Ring
+        limits"), ``MAX_SUBSCRIBERS`` and ``MAX_QUEUED_BYTES``. Both backends build theirs
+        here (the Redis backend's mirror passes the store's ``epoch``)."""
+        config = self.config
+        return EventBus(
+            ring_size=ring_size,
+            max_subscribers=config.max_subscribers,
+            max_queued_bytes=config.max_queued_bytes,
+            start_id=start_id,
+            name=session_id,
+            epoch=epoch,
+            ring_max_bytes=config.ring_max_bytes,
+            ring_max_age_s=config.ring_max_age_s,
+            budget=self.ring_budget,
+        )
+
+    def check_publish_quota(self, live: LiveSession, nbytes: int) -> None:
+        """Spend one event and ``nbytes`` from the session's publish token buckets
+        (``PUBLISH_RATE_PER_S``, ``PUBLISH_BYTES_PER_S``, a burst of ``PUBLISH_BURST_S``
+        seconds of each), in this process (docs/protocol.md, "Quotas").
+
+        Raises:
+            QuotaExceededError: a bucket has not enough; nothing is spent. Its
+                ``retry_after_s`` is when the request fits (whole seconds, ``>= 1``).
+
+        Never awaits; O(1).
+        """
+        config = self.config
+        if live._buckets is None:
+            rate, byte_rate = config.publish_rate_per_s, config.publish_bytes_per_s
+            live._buckets = (
+                TokenBucket(rate, max(1.0, rate * PUBLISH_BURST_S)),
+                TokenBucket(byte_rate, byte_rate * PUBLISH_BURST_S),
+            )
+        events, volume = live._buckets
+        for bucket, cost, quota, unit in (
+            (events, 1, "PUBLISH_RATE_PER_S", "events/s"),
+            (volume, nbytes, "PUBLISH_BYTES_PER_S", "bytes/s"),
+        ):
+            wait_s = bucket.wait_s(cost)
+            if wait_s > 0:
+                retry = max(1, int(wait_s + 0.999))
+                raise QuotaExceededError(
+                    quota,
+                    bucket.rate_per_s,
+                    retry,
+                    f"publishing faster than {quota} ({bucket.rate_per_s:g} {unit} per "
+                    f"session, bursts of {PUBLISH_BURST_S:g} s); retry in {retry} s",
+                )
+        events.take(1)
+        volume.take(nbytes)
 
     @abstractmethod
     async def _load(self, session_id: str) -> LiveSession:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailableError", "SessionClosedError", "SessionNotFoundError"]
+__all__ = [
+    "BackendUnavailableError",
+    "QuotaExceededError",
+    "SessionClosedError",
+    "SessionHeldElsewhereError",
+    "SessionNotFoundError",
+]
 
 
 class SessionNotFoundError(LookupError):
@@ -22,3 +28,35 @@ class SessionClosedError(Exception):
 
 class BackendUnavailableError(Exception):
     """Raised when the shared event store cannot be reached or did not answer in time (503)."""
+
+
+class SessionHeldElsewhereError(BackendUnavailableError):
+    """Raised by the memory backend for a session another live process on the same
+    database holds (a 503 ``session_held_elsewhere``, docs/protocol.md "Errors and limits").
+
+    ``holder`` is that process's ``host:pid:token``; ``code`` and ``public_message`` are
+    what the answer says.
+    """
+
+    code = "session_held_elsewhere"
+
+    def __init__(self, session_id: str, holder: str) -> None:
+        super().__init__(f"session {session_id} is held by {holder}")
+        self.holder = holder
+        self.public_message = (
+            "another server process using the memory backend on this database serves this "
+            "session; run one process per database, or use the Redis backend "
+            "(BACKEND = 'redis') to run several"
+        )
+
+
+class QuotaExceededError(Exception):
+    """Raised when a request passes a quota (a 429 with ``Retry-After``).
+
+    ``quota`` names the setting (``PUBLISH_RATE_PER_S``, ...), ``limit`` its value,
+    ``retry_after_s`` when the request would fit again (whole seconds, ``>= 1``).
+    """
+
+    def __init__(self, quota: str, limit: float, retry_after_s: int, message: str) -> None:
+        super().__init__(message)
+        self.quota, self.limit, self.retry_after_s = quota, limit, retry_after_s

@@ -12,11 +12,23 @@ one step on the loop, with no await between. A closed session's keys are kept fo
 last ``CLOSED_KEY_STORES`` closed sessions, so a retried close (or a publish retried
 after the close) still answers its first result. All of it is lost when the process
 restarts, like the ring.
+
+One process per database: loading a session *holds* its row for this process
+(``host:pid:token``, renewed every ``SESSION_HOLD_TTL_S / 3``); another memory-backend
+process on the same database refuses that session (503 ``session_held_elsewhere``,
+pointing at the Redis backend) until the hold is let go (the session closes or is
+unloaded, the process stops) or lapses (its process died). Idle unload (opt-in,
+``IDLE_UNLOAD_S``): a bus without subscriber and without publish for that long is dropped
+and its hold let go; its next use reloads it with a new epoch above the reserved ids, as
+after a restart (docs/protocol.md, "Ring limits").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
@@ -27,7 +39,7 @@ from django.utils import timezone
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
-from sessions.bus import EventBus, Frame
+from sessions.bus import Frame, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.models import AgentSession
@@ -48,19 +60,19 @@ class MemoryBackend(Backend):
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         super().__init__(config, hooks)
         self._closed_keys: OrderedDict[str, IdempotencyStore] = OrderedDict()
+        self._housekeeper: asyncio.Task[None] | None = None
 
     async def _load(self, session_id: str) -> LiveSession:
-        row, start_id, reserved_until = await database_sync_to_async(rows.load_and_reserve)(
-            session_id, self.config.id_reservation_block
-        )
         config = self.config
-        bus = EventBus(
-            ring_size=row.ring_size or config.ring_size,
-            max_subscribers=config.max_subscribers,
-            max_queued_bytes=config.max_queued_bytes,
-            start_id=start_id,
-            name=session_id,
+        row, start_id, reserved_until = await database_sync_to_async(rows.load_and_reserve)(
+            session_id,
+            config.id_reservation_block,
+            holder=rows.process_holder(),
+            hold_ttl_s=config.session_hold_ttl_s,
         )
+        if self._housekeeper is None or self._housekeeper.done():
+            self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
+        bus = self.new_bus(session_id, row.ring_size or config.ring_size, start_id=start_id)
         logger.info(
             "bus_started session=%s start_id=%d reserved_until=%d epoch=%s ring_size=%d",
             session_id,
@@ -87,7 +99,33 @@ class MemoryBackend(Backend):
         *,
         idempotency: IdempotencyKey | None = None,
     ) -> Published | None:
-        return self._publish_once(live, event, idempotency)
+        return self._publish_once(await self._current(live), event, idempotency)
+
+    async def subscribe(
+        self,
+        live: LiveSession,
+        *,
+        last_event_id: int | None = None,
+        max_queued: int,
+        epoch: str | None = None,
+        label: str = "-",
+        details: Mapping[str, Any] | None = None,
+    ) -> tuple[LiveSession, Subscription]:
+        return await super().subscribe(
+            await self._current(live),
+            last_event_id=last_event_id,
+            max_queued=max_queued,
+            epoch=epoch,
+            label=label,
+            details=details,
+        )
+
+    async def _current(self, live: LiveSession) -> LiveSession:
+        """``live``, or the session's new bus if ``live``'s was unloaded (idle) meanwhile:
+        nothing is published into, or read from, a bus nobody else can reach."""
+        if self.registry.get(live.session_id) is live or live.bus.closed:
+            return live
+        return await self.get_live_session(live.session_id)
 
     def _publish_once(
         self, live: LiveSession, event: Mapping[str, Any], idempotency: IdempotencyKey | None
@@ -147,9 +185,73 @@ class MemoryBackend(Backend):
                 self._closed_keys.popitem(last=False)
         # The closed bus stays registered until the row says closed: a request arriving in
         # between must see "closed", not reload the still-open row and build a new bus.
-        await self.save_progress(live, status=AgentSession.Status.CLOSED, closed_at=timezone.now())
+        await self.save_progress(
+            live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), held_by=""
+        )
         self.registry.pop(session_id)
         last_id = live.bus.last_event_id
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
         return published
+
+    # -- holds and idle unload ---------------------------------------------------------
+
+    async def _housekeep(self) -> None:
+        """Renew this process's holds and unload idle buses, until :meth:`aclose`."""
+        config = self.config
+        interval = config.session_hold_ttl_s / 3
+        if config.idle_unload_s:
+            interval = min(interval, max(0.05, config.idle_unload_s / 4))
+        renewed_at = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            try:
+                if config.idle_unload_s:
+                    await self.unload_idle(now)
+                if now - renewed_at >= config.session_hold_ttl_s / 3 and len(self.registry):
+                    await database_sync_to_async(rows.renew_holds)(
+                        rows.process_holder(),
+                        config.session_hold_ttl_s,
+                        [live.session_id for live in self.registry.values()],
+                    )
+                    renewed_at = now
+            except Exception as exc:  # never dies; a database that is down is logged
+                logger.error("housekeeping_failed error=%s", f"{type(exc).__name__}: {exc}")
+
+    async def unload_idle(self, now: float) -> int:
+        """Drop buses without subscriber and without publish for ``IDLE_UNLOAD_S`` (0: none)
+        as seen at successive calls (``now``: monotonic s); save their counters and let go of
+        their holds. Returns how many; one log line when any."""
+        idle_s = self.config.idle_unload_s
+        unloaded: list[LiveSession] = []
+        for live in self.registry.values():
+            mark = (live.bus.next_id, live.bus.subscriber_count)
+            if live._idle_mark is None or live._idle_mark[:2] != mark or mark[1]:
+                live._idle_mark = (*mark, now)
+            elif idle_s and now - live._idle_mark[2] >= idle_s and live._renewal is None:
+                self.registry.pop(live.session_id)
+                unloaded.append(live)
+        for live in unloaded:
+            await self.save_progress(live)
+            if self.registry.get(live.session_id) is None:  # (not reloaded meanwhile)
+                await database_sync_to_async(rows.release_holds)(
+                    rows.process_holder(), [live.session_id]
+                )
+        if unloaded:
+            logger.info("buses_unloaded count=%d reason=idle idle_s=%g", len(unloaded), idle_s)
+        return len(unloaded)
+
+    async def aclose(self) -> None:
+        """Stop housekeeping and let go of this process's holds (shutdown, tests)."""
+        await super().aclose()
+        task, self._housekeeper = self._housekeeper, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if len(self.registry):
+            with contextlib.suppress(Exception):
+                await database_sync_to_async(rows.release_holds)(
+                    rows.process_holder(), [live.session_id for live in self.registry.values()]
+                )

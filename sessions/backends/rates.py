@@ -25,7 +25,7 @@ from typing import Final
 
 from sessions.bus import Subscription
 
-__all__ = ["RATE_WINDOW_S", "ByteRates"]
+__all__ = ["RATE_WINDOW_S", "ByteRates", "TokenBucket"]
 
 RATE_WINDOW_S: Final = 1.0
 """Shortest time (seconds) between the two samples a rate is computed from."""
@@ -80,3 +80,44 @@ class ByteRates:
         else:
             rate = sample.rate
         return int(rate)
+
+
+class TokenBucket:
+    """A token bucket: ``rate_per_s`` tokens a second, holding at most ``burst`` (full at
+    first), for the publish quotas (docs/protocol.md, "Quotas").
+
+    Args:
+        rate_per_s: tokens added per second (``> 0``).
+        burst: the bucket's size, what may be spent at once (``> 0``).
+        clock: monotonic seconds (tests pass their own).
+
+    Never raises, never awaits; O(1).
+    """
+
+    __slots__ = ("_clock", "_stamp", "_tokens", "burst", "rate_per_s")
+
+    def __init__(
+        self, rate_per_s: float, burst: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._stamp = clock()
+
+    def _refill(self) -> float:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate_per_s)
+        self._stamp = now
+        return self._tokens
+
+    def wait_s(self, cost: float) -> float:
+        """Seconds until ``cost`` tokens are there (0: now); takes nothing. A cost above
+        ``burst`` counts as ``burst`` (one large request is never refused for good)."""
+        missing = min(cost, self.burst) - self._refill()
+        return 0.0 if missing <= 0 else missing / self.rate_per_s
+
+    def take(self, cost: float) -> None:
+        """Spend ``cost`` tokens (the balance may go below zero: a debt repaid first)."""
+        self._refill()
+        self._tokens -= cost

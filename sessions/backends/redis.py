@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -77,10 +78,11 @@ logger = logging.getLogger("qwenweb.runtime")
 
 #: How long a new stream waits for this process's reader to reconnect after an outage.
 READER_RECOVERY_WAIT_S = 2.0
-#: The Redis stream keeps at least this many entries whatever the ring size: it is also
+#: The Redis stream keeps up to this many entries even for a smaller ring size: it is also
 #: the transport between processes, and a reader a little behind a tiny ring must not see
-#: a gap (the local ring still keeps ``ring_size``).
-STREAM_MIN_ENTRIES = 1000
+#: a gap (the local ring still keeps ``ring_size``). The byte and age limits always apply:
+#: this floor never keeps bytes beyond ``RING_MAX_BYTES``.
+STREAM_COUNT_FLOOR = 1000
 #: How long a subscriber with a cursor waits for this process's mirror to reach it.
 CATCH_UP_TIMEOUT_S = 5.0
 #: A mirror without subscribers for this long is unloaded: the reader then reads only the
@@ -98,9 +100,17 @@ class RedisLiveSession(LiveSession):
     _idle_since: float | None = field(default=None, repr=False)
 
 
+# The envelope's first keys, in their fixed order ("Frames"): the type is read from them
+# without parsing the (possibly large) rest.
+_TYPE_PREFIX = re.compile(rb'\{"v":\d+,"type":("(?:[^"\\]|\\.)*")')
+
+
 def _frame_from_entry(event_id: int, body: bytes) -> Frame:
+    """A lazily parsed frame of a stream entry (only ``type`` is read from the bytes)."""
     encoded = entry_json(event_id, body)
-    return Frame(orjson.loads(encoded), encoded)
+    match = _TYPE_PREFIX.match(body)
+    event_type = orjson.loads(match.group(1)) if match else orjson.loads(encoded)["type"]
+    return Frame.from_json(event_id, event_type, encoded)
 
 
 def _backend_error_frame() -> Frame:
@@ -274,7 +284,6 @@ class RedisBackend(RedisControlled):
 
     async def _build_mirror(self, live: RedisLiveSession, store: RedisStore) -> None:
         """Fill a new bus from the shared ring (one MULTI read) and start reading after it."""
-        config = self.config
         known_last_id = self._known_last_id(live)  # before the read, as in _ready_mirror
         window = await store.window(live.session_id)
         if window.head.closed:
@@ -299,13 +308,8 @@ class RedisBackend(RedisControlled):
                 start,
             )
             entries, first_id = entries[start:], entries[start][0]
-        bus = EventBus(
-            ring_size=live.ring_size,
-            max_subscribers=config.max_subscribers,
-            max_queued_bytes=config.max_queued_bytes,
-            start_id=first_id,
-            name=live.session_id,
-            epoch=window.head.epoch,
+        bus = self.new_bus(
+            live.session_id, live.ring_size, start_id=first_id, epoch=window.head.epoch
         )
         for event_id, body in entries:
             bus.ingest(_frame_from_entry(event_id, body))
@@ -382,8 +386,10 @@ class RedisBackend(RedisControlled):
             outcome = await store.publish(
                 live.session_id,
                 body,
-                max(live.ring_size, STREAM_MIN_ENTRIES),
+                max(live.ring_size, STREAM_COUNT_FLOOR),
                 close=close,
+                max_bytes=config.ring_max_bytes,
+                max_age_s=config.ring_max_age_s,
                 known_last_id=known_last_id,
                 idempotency=idempotency,
                 idempotency_ttl_s=config.idempotency_ttl_s,
@@ -458,7 +464,8 @@ class RedisBackend(RedisControlled):
         Redis no longer has is rebuilt (that is how a client learns of lost data:
         ``epoch_reset``); a cursor the mirror has not reached yet but Redis has issued is
         waited for (at most ``CATCH_UP_TIMEOUT_S``), so replay and live meet without loss
-        or repeat on any process. Raises as :meth:`Backend.subscribe`.
+        or repeat on any process; without a cursor, the last id Redis issued is waited for,
+        so a live-only stream starts after the events published before it (EB-13). Raises as :meth:`Backend.subscribe`.
         """
         live = await self._ready_mirror(live, last_event_id)
         return await super().subscribe(
@@ -509,8 +516,11 @@ class RedisBackend(RedisControlled):
                     self._drop_mirror(live, "epoch_reset")
                 live = await self.get_live_session(live.session_id)
                 continue
-            if cursor is not None and live.bus.last_event_id < cursor <= head.last_event_id:
-                await self._caught_up(live, cursor)
+            # A live-only subscriber (no cursor) starts after every id Redis had issued,
+            # as on the memory backend: events published before it attached are not live.
+            target = head.last_event_id if cursor is None else cursor
+            if live.bus.last_event_id < target <= head.last_event_id:
+                await self._caught_up(live, target)
                 if self.registry.get(live.session_id) is not live:
                     continue
             return live

@@ -5,8 +5,10 @@ whatever process calls it (:mod:`sessions.backends.redis_store` registers and ca
 them). Keys (``P`` = the key prefix, ``S`` = a session id; the ``{S}`` hash tag keeps a
 session's keys in one Redis Cluster slot):
 
-``P:s:{S}:meta``   hash: ``epoch``, ``last``, ``first``, ``closed`` (see ``redis_store``).
-``P:s:{S}:stream`` the shared ring (a Redis Stream).
+``P:s:{S}:meta``   hash: ``epoch``, ``last``, ``first``, ``closed``, ``bytes`` (see
+                   ``redis_store``).
+``P:s:{S}:stream`` the shared ring (a Redis Stream); entries ``e`` (the envelope) and
+                   ``t`` (epoch ms when appended).
 ``P:s:{S}:idem``   hash: idempotency key -> ``"<id> <epoch> <digest>"``, the first result
                    of each key (docs/protocol.md, "Idempotent publish").
 ``P:s:{S}:idemt``  sorted set: idempotency key -> the time of its first request (epoch
@@ -18,6 +20,15 @@ Idempotency inside the publish script: a key already in ``idem`` (and younger th
 time to live) answers its first result and writes nothing; a new key is stored with the
 id the same script assigns. So a publish whose answer was lost (a timeout, a dropped
 connection) and is retried with its key never publishes twice, on any process.
+
+Trimming inside the publish script (docs/protocol.md, "Ring limits"): after the append
+the oldest entries leave while the stream holds more than its count, more than
+``bytes`` allows (``len(e)`` plus ``FRAME_OVERHEAD_BYTES`` per entry, the measure of the
+local rings) or entries older than the age limit, at most ``TRIM_BATCH`` a call (the
+newest entry always stays). ``bytes`` in the meta hash is kept by the script. A stream
+written before byte counts existed (no ``bytes`` field, entries without ``t``, during a
+rolling upgrade) starts from Redis's own estimate of it (``MEMORY USAGE``), is never
+trimmed by age for its old entries, and is exact again once it is down to one entry.
 
 This module imports nothing from Django.
 """
@@ -35,6 +46,7 @@ __all__ = [
     "IDEMPOTENCY_EXPIRE_BATCH",
     "PUBLISH_LUA",
     "RESTART_LUA",
+    "TRIM_BATCH",
     "PublishOutcome",
     "parse_remembered",
 ]
@@ -48,10 +60,15 @@ CLOSED_KEYS_TTL_MS: Final = 3_600_000
 #: count): bounded work per call, and within Lua's argument limit for ``unpack``.
 IDEMPOTENCY_EXPIRE_BATCH: Final = 1000
 
+#: At most this many old entries are trimmed by one publish (bounded work per call).
+TRIM_BATCH: Final = 1000
+
 # KEYS: meta, stream, idem hash, idem times. ARGV: 1 envelope JSON without id, 2 ring size,
 # 3 "1" to close after it, 4 the highest id the caller knows was issued, 5 the keys' time
 # to live after a close (ms), 6 idempotency key ("" for none), 7 its request digest,
-# 8 now (epoch ms), 9 the keys' time to live (ms), 10 at most this many keys, 11 the batch.
+# 8 now (epoch ms), 9 the keys' time to live (ms), 10 at most this many keys, 11 the batch,
+# 12 the byte limit, 13 the age limit (ms, 0: none), 14 bytes counted per entry beyond
+# its envelope, 15 at most this many entries trimmed.
 # -> {"ok", epoch, id} | {"replay", "<id> <epoch> <digest>"} | {"closed", epoch}
 #    | {"noepoch"} | {"stale", epoch}
 PUBLISH_LUA: Final = """
@@ -74,7 +91,45 @@ if redis.call('HEXISTS', KEYS[1], 'closed') == 1 then return {'closed', epoch} e
 local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
 if not last or last < tonumber(ARGV[4]) then return {'stale', epoch} end
 local id = redis.call('HINCRBY', KEYS[1], 'last', 1)
-redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], id .. '-0', 'e', ARGV[1])
+local overhead = tonumber(ARGV[14])
+local held = redis.call('HGET', KEYS[1], 'bytes')
+if held then
+  held = tonumber(held)
+elseif redis.call('XLEN', KEYS[2]) == 0 then
+  held = 0
+else  -- written before byte counts: start from Redis's estimate of the stream
+  local ok, usage = pcall(redis.call, 'MEMORY', 'USAGE', KEYS[2])
+  held = (ok and tonumber(usage)) or 0
+end
+redis.call('XADD', KEYS[2], id .. '-0', 'e', ARGV[1], 't', ARGV[8])
+held = held + string.len(ARGV[1]) + overhead
+local count = redis.call('XLEN', KEYS[2])
+local maxlen, maxbytes, maxage = tonumber(ARGV[2]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local trimmed, cut = 0, nil
+local after = '-'
+while count > 1 and trimmed < tonumber(ARGV[15]) do
+  local oldest = redis.call('XRANGE', KEYS[2], after, '+', 'COUNT', 1)[1]
+  if not oldest then break end
+  local body, stamp = nil, nil
+  for i = 1, #oldest[2], 2 do
+    if oldest[2][i] == 'e' then body = oldest[2][i + 1] end
+    if oldest[2][i] == 't' then stamp = tonumber(oldest[2][i + 1]) end
+  end
+  local aged = maxage > 0 and stamp ~= nil and stamp < now - maxage
+  if not (count > maxlen or held > maxbytes or aged) then break end
+  held = held - string.len(body or '') - overhead
+  cut = oldest[1]
+  after = '(' .. cut
+  count = count - 1
+  trimmed = trimmed + 1
+end
+if cut then
+  local ms = string.match(cut, '^(%d+)')
+  redis.call('XTRIM', KEYS[2], 'MINID', (tonumber(ms) + 1) .. '-0')
+end
+if count <= 1 then held = string.len(ARGV[1]) + overhead end  -- exact again
+if held < 0 then held = 0 end
+redis.call('HSET', KEYS[1], 'bytes', held)
 if key ~= '' then
   redis.call('HSET', KEYS[3], key, id .. ' ' .. epoch .. ' ' .. ARGV[7])
   redis.call('ZADD', KEYS[4], now, key)

@@ -5,10 +5,12 @@ session's keys in one Redis Cluster slot):
 
 ``P:s:{S}:meta``   hash: ``epoch`` (token of the current id sequence), ``last`` (last id
                    issued), ``first`` (first id of this epoch), ``closed`` (id of the
-                   ``session_closed`` event, once closed).
+                   ``session_closed`` event, once closed), ``bytes`` (what the stream
+                   holds, kept by the publish script).
 ``P:s:{S}:stream`` a Redis Stream, the shared ring: entry ``<id>-0`` holds ``e`` = the
                    event's compact JSON envelope *without* its ``id`` (the id is the
-                   entry id); trimmed exactly to the ring size (``MAXLEN``).
+                   entry id) and ``t`` (epoch ms when appended); trimmed by count, bytes
+                   and age by the publish script (:mod:`redis_scripts`).
 ``P:proc:<uid>``   one process's report (JSON), written with a TTL.
 ``P:procs``        sorted set of process uids by last report time.
 ``P:proc:<uid>:wake`` a one-entry stream whose new entry wakes that process's reader.
@@ -59,9 +61,12 @@ from sessions.backends.redis_scripts import (
     IDEMPOTENCY_EXPIRE_BATCH,
     PUBLISH_LUA,
     RESTART_LUA,
+    TRIM_BATCH,
     PublishOutcome,
     parse_remembered,
 )
+from sessions.bus import DEFAULT_RING_MAX_BYTES
+from sessions.bus.ring import FRAME_OVERHEAD_BYTES
 
 __all__ = [
     "BackendUnavailableError",
@@ -304,8 +309,12 @@ class RedisStore:
         idempotency: IdempotencyKey | None = None,
         idempotency_ttl_s: float = 900.0,
         idempotency_max_keys: int = 10_000,
+        max_bytes: int = DEFAULT_RING_MAX_BYTES,
+        max_age_s: float = 0.0,
     ) -> PublishOutcome:
-        """Assign the next id and append ``body`` to the shared ring (trimmed to ``ring_size``).
+        """Assign the next id and append ``body`` to the shared ring, then trim it to
+        ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
+        ``max_age_s`` (0: no age limit), oldest first; the newest entry always stays.
 
         ``body`` is the compact JSON envelope without ``id`` (it must start with ``{"v":``).
         ``close`` marks the session closed after this event (``session_closed``) and lets
@@ -335,6 +344,10 @@ class RedisStore:
             max(1, int(idempotency_ttl_s * 1000)),
             idempotency_max_keys,
             IDEMPOTENCY_EXPIRE_BATCH,
+            max_bytes,
+            int(max_age_s * 1000),
+            FRAME_OVERHEAD_BYTES,
+            TRIM_BATCH,
         ]
         with _unavailable_as_error():
             reply = await self._publish_script(keys=keys, args=args)

@@ -1,7 +1,8 @@
 """The session event bus: pure asyncio, imports nothing from Django or Redis (EB-1 ... EB-11).
 
 Modules: ``limits`` (every constant), ``frame`` (the envelope: docs/protocol.md, "Frames"),
-``queue`` (one subscriber's bounded queue, EB-3 ... EB-8), ``replay`` (EB-7), ``eventbus``
+``queue`` (one subscriber's bounded queue, EB-3 ... EB-8), ``ring`` (the replay ring and
+the process budget), ``replay`` (EB-7), ``eventbus``
 (the bus, its concurrency model and overflow policy) and ``registry``.
 """
 
@@ -18,6 +19,7 @@ from sessions.bus.limits import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_RING_MAX_BYTES,
     DEFAULT_RING_SIZE,
     EVENT_SCHEMA_VERSION,
     MAX_EVENT_RING_SIZE,
@@ -29,11 +31,13 @@ from sessions.bus.limits import (
 )
 from sessions.bus.queue import Subscription, SubscriptionStats
 from sessions.bus.registry import Registry
+from sessions.bus.ring import Ring, RingBudget, held_bytes
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_SUBSCRIBERS",
+    "DEFAULT_RING_MAX_BYTES",
     "DEFAULT_RING_SIZE",
     "EVENT_SCHEMA_VERSION",
     "MAX_EVENT_RING_SIZE",
@@ -46,12 +50,15 @@ __all__ = [
     "EventBus",
     "Frame",
     "Registry",
+    "Ring",
+    "RingBudget",
     "SubscriberLimitExceededError",
     "Subscription",
     "SubscriptionStats",
     "disconnect_frame",
     "encode_envelope",
     "envelope_fields",
+    "held_bytes",
     "is_valid_epoch",
     "synthetic_frame",
 ]

@@ -22,8 +22,10 @@ Log lines (``qwenweb.bus``) are one line of ``key=value`` each and name the sess
 (the bus's ``name``) and the subscriber (its ``label``), so an operator can grep them.
 
 Each published event is serialized to compact JSON once (:attr:`Frame.json`); every
-subscriber and the wire share those bytes. The ring is a ``collections.deque`` with
-``maxlen``, so ring eviction is O(1).
+subscriber and the wire share those bytes, and the ring keeps only those bytes
+(:meth:`Frame.from_json`). The ring (``ring``) is bounded by count, bytes and age and by
+the process's :class:`~sessions.bus.ring.RingBudget` (docs/protocol.md, "Ring limits");
+its eviction is O(1) per event.
 
 A subscriber's queue, with its warning and eviction frames, is ``queue``; replay is
 ``replay``. Nothing here imports Django or Redis (a test proves it in a fresh interpreter).
@@ -34,7 +36,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,12 +46,14 @@ from sessions.bus.limits import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_RING_MAX_BYTES,
     DEFAULT_RING_SIZE,
     MAX_EVENT_RING_SIZE,
     MAX_SAFE_INTEGER,
 )
 from sessions.bus.queue import Subscription
 from sessions.bus.replay import replay
+from sessions.bus.ring import Ring, RingBudget
 
 __all__ = ["BusStats", "EventBus", "SubscriberLimitExceededError"]
 
@@ -71,7 +74,8 @@ class BusStats:
 
     ``evictions`` and ``resyncs`` map a reason (``queue_overflow``,
     ``queue_bytes_overflow``; ``epoch_reset``, ``ring_evicted``) to a count.
-    ``earliest_id`` is None when the ring is empty.
+    ``earliest_id`` is None when the ring is empty; ``ring_bytes`` is what the ring
+    holds (bytes of ``held_bytes``, docs/protocol.md "Ring limits").
     """
 
     published: int
@@ -87,6 +91,7 @@ class BusStats:
     last_event_id: int
     epoch: str
     closed: bool
+    ring_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -112,6 +117,9 @@ class EventBus:
         name: what log lines call this bus (``session=<name>``): the session id.
         epoch: the bus's epoch token (``[A-Za-z0-9_-]{1,64}``); None draws a random one.
             A mirror of a shared store (:meth:`ingest`) takes the store's epoch.
+        ring_max_bytes: the ring's byte limit (``>= 1``; docs/protocol.md "Ring limits").
+        ring_max_age_s: seconds an event stays in the ring at most; 0: no age limit.
+        budget: the process's :class:`RingBudget` the ring counts against, or None.
 
     Raises:
         ValueError: ``ring_size`` outside ``[1, 1_000_000]`` (the message names the
@@ -129,6 +137,9 @@ class EventBus:
         start_id: int = 1,
         name: str = "-",
         epoch: str | None = None,
+        ring_max_bytes: int = DEFAULT_RING_MAX_BYTES,
+        ring_max_age_s: float = 0.0,
+        budget: RingBudget | None = None,
     ) -> None:
         for argument, value in (
             ("ring_size", ring_size),
@@ -156,7 +167,11 @@ class EventBus:
         self.name = name
         self._epoch = epoch if epoch is not None else secrets.token_urlsafe(12)
         self._next_id = start_id
-        self._ring: deque[Frame] = deque(maxlen=ring_size)
+        if not _is_int(ring_max_bytes) or ring_max_bytes < 1:
+            raise TypeError(f"ring_max_bytes must be a positive int, got {ring_max_bytes!r}")
+        if ring_max_age_s < 0:
+            raise ValueError(f"ring_max_age_s must be >= 0, got {ring_max_age_s!r}")
+        self._ring = Ring(ring_size, ring_max_bytes, ring_max_age_s, budget=budget, name=name)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
         self._closed = False
         self._counters = _Counters()
@@ -194,7 +209,13 @@ class EventBus:
 
     def ring_snapshot(self) -> tuple[Frame, ...]:
         """Return the events in the ring, oldest first (for the load-session snapshot)."""
+        self._ring.expire()
         return tuple(self._ring)
+
+    @property
+    def ring(self) -> Ring:
+        """The replay ring (read it, never append to it): ``frames_after``, ``newest``."""
+        return self._ring
 
     def stats(self) -> BusStats:
         """Return a snapshot for operators (EB-10). Never raises, never touches a queue."""
@@ -209,10 +230,11 @@ class EventBus:
             peak_subscribers=counters.peak_subscribers,
             ring_length=len(self._ring),
             ring_size=self.ring_size,
-            earliest_id=self._ring[0].id if self._ring else None,
+            earliest_id=self._ring.earliest_id,
             last_event_id=self.last_event_id,
             epoch=self.epoch,
             closed=self._closed,
+            ring_bytes=self._ring.nbytes,
         )
 
     # -- publish (EB-2 ... EB-5) -------------------------------------------------------
@@ -248,7 +270,9 @@ class EventBus:
         encoded = _dumps(fields)
         if encoded is None:
             logger.warning("event %d (%s) data is not JSON-serializable", event_id, fields["type"])
-        frame = Frame(fields, encoded)
+            frame = Frame(fields, None)
+        else:  # the ring keeps the bytes only: the parsed data is dropped here
+            frame = Frame.from_json(event_id, fields["type"], encoded)
         self._deliver(frame, event_id)
         return frame
 
@@ -272,7 +296,7 @@ class EventBus:
 
     def _deliver(self, frame: Frame, event_id: int) -> None:
         self._next_id = event_id + 1
-        self._ring.append(frame)  # deque(maxlen=...) drops the oldest in O(1)
+        self._ring.append(frame)  # drops the oldest past a limit, O(1) per event
         self._counters.published += 1
         frame.accepted_at = time.monotonic()
         evicted: list[tuple[Subscription, str]] = []

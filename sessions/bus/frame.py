@@ -5,8 +5,11 @@ Protocol: ``docs/protocol.md``, "Frames" (the envelope), EB-2 and EB-10.
 A :class:`Frame` is a read-only mapping in envelope key order. A published event is
 serialized to compact JSON once (:attr:`Frame.json`) and every subscriber and the wire
 share those bytes; synthetic frames carry no ``id`` and no bytes (the writer stamps them
-when it writes them, EB-18). Framing them as SSE is the wire package's job, not the bus's:
-``sessions.wire.FrameEncoder`` frames each event once and caches the bytes itself.
+when it writes them, EB-18). A real event keeps *only* its bytes (plus ``id`` and
+``type``): its other fields are parsed from :attr:`Frame.json` when a reader asks for one
+(docs/protocol.md, "Ring limits"), so what a ring holds is what its byte limit counts,
+whatever the payload's shape. Framing them as SSE is the wire package's job, not the
+bus's: ``sessions.wire.FrameEncoder`` frames each event once and caches the bytes itself.
 
 Everything here is pure and synchronous; nothing imports Django or Redis.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
@@ -31,6 +35,7 @@ __all__ = [
     "encode_envelope",
     "envelope_fields",
     "is_valid_epoch",
+    "parse_json",
     "synthetic_frame",
 ]
 
@@ -40,6 +45,8 @@ _EPOCH_ALPHABET: Final = frozenset(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 )
 _FORBIDDEN_TYPE_CHARS: Final = ("\r", "\n", "\0")
+# A run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
 
 
 def is_valid_epoch(value: object) -> bool:
@@ -66,51 +73,100 @@ class Frame(Mapping[str, Any]):
         json: the whole envelope as compact UTF-8 JSON, serialized once; ``None`` when
             the data could not be serialized (EB-2) or for a synthetic frame whose bytes
             the writer produces itself (synthetic frames get a timestamp at write time).
-        nbytes: ``len(json)`` (0 when ``json`` is None): what counts against the byte cap.
+        nbytes: ``len(json)`` (0 when ``json`` is None): what counts against the byte caps.
         accepted_at: ``time.monotonic()`` when a bus of this process accepted the event
             (``publish`` or ``ingest``); 0.0 for a synthetic frame. Operators measure the
             delivery latency from it.
-        retry_ms: a reconnection time (ms) the writer puts in the frame's own block as a
-            ``retry:`` line, ahead of ``event:``, so a client has it before it handles
-            the frame; None (the default): no ``retry:`` line.
+
+    A frame built by :meth:`from_json` holds no parsed fields: reading a key parses
+    ``json`` each time (nothing is cached, so the frame's memory stays ``nbytes`` plus a
+    constant: docs/protocol.md, "Ring limits"). The delivery path reads only ``id``,
+    ``type`` and ``json``.
     """
 
-    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "retry_ms", "type")
+    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "type")
 
     def __init__(self, fields: dict[str, Any], json: bytes | None) -> None:
-        self._fields = MappingProxyType(fields)
+        self._fields: Mapping[str, Any] | None = MappingProxyType(fields)
         self.id: int | None = fields.get("id")
         self.type: str = fields["type"]
         self.json = json
         self.nbytes = len(json) if json is not None else 0
         self.accepted_at = 0.0
-        self.retry_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, event_id: int, event_type: str, json: bytes) -> Frame:
+        """A real event that keeps only its bytes (``json``: the whole envelope, with
+        ``"id": event_id`` and ``"type": event_type``); fields are parsed on demand."""
+        frame = cls.__new__(cls)
+        frame._fields = None
+        frame.id = event_id
+        frame.type = event_type
+        frame.json = json
+        frame.nbytes = len(json)
+        frame.accepted_at = 0.0
+        return frame
 
     @property
     def synthetic(self) -> bool:
         """Whether the frame was made up by the bus or route (it has no ``id``)."""
         return self.id is None
 
+    def _view(self) -> Mapping[str, Any]:
+        if self._fields is not None:
+            return self._fields
+        assert self.json is not None
+        fields: Mapping[str, Any] = parse_json(self.json)
+        return fields
+
     def __getitem__(self, key: str) -> Any:
-        return self._fields[key]
+        return self._view()[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
+        return iter(self._view())
 
     def __len__(self) -> int:
-        return len(self._fields)
+        return len(self._view())
 
     def __repr__(self) -> str:
-        return f"Frame({dict(self._fields)!r})"
+        return f"Frame({dict(self._view())!r})"
 
 
-def synthetic_frame(event_type: str, data: Any) -> Frame:
+def parse_json(raw: bytes) -> Any:
+    """Parse JSON bytes written by this package (orjson; integers beyond 64 bits exact).
+
+    Raises ``ValueError`` for bytes that are not JSON.
+    """
+    if _LONG_DIGITS.search(raw):
+        return json.loads(raw)
+    return orjson.loads(raw)
+
+
+def synthetic_frame(event_type: str, data: Any, *, retry_ms: int | None = None) -> Frame:
     """Build a synthetic frame ``{"v": 1, "type": event_type, "data": data}`` (no id).
 
     Its ``json`` is ``None``: the writer serializes it when it writes it, adding
-    ``_meta.serverTimestamp`` (EB-18). Never raises for a str ``event_type``.
+    ``_meta.serverTimestamp`` (EB-18). With ``retry_ms`` it is a :class:`RetryFrame`: the
+    writer starts its block with ``retry: <retry_ms>``. Never raises for a str
+    ``event_type``.
     """
-    return Frame({"v": EVENT_SCHEMA_VERSION, "type": event_type, "data": data}, None)
+    fields = {"v": EVENT_SCHEMA_VERSION, "type": event_type, "data": data}
+    if retry_ms is not None:
+        return RetryFrame(fields, retry_ms)
+    return Frame(fields, None)
+
+
+class RetryFrame(Frame):
+    """A synthetic frame whose block carries a ``retry:`` line ahead of ``event:``, so a
+    client sets its reconnection time before it handles the frame (the drain's
+    ``server_draining``). ``retry_ms``: milliseconds. Its own class, so that no other
+    frame (the ring holds many) pays for the slot."""
+
+    __slots__ = ("retry_ms",)
+
+    def __init__(self, fields: dict[str, Any], retry_ms: int) -> None:
+        super().__init__(fields, None)
+        self.retry_ms = retry_ms
 
 
 def disconnect_frame(reason: str) -> Frame:

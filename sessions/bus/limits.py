@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUED",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_SUBSCRIBERS",
+    "DEFAULT_RING_MAX_BYTES",
     "DEFAULT_RING_SIZE",
     "EVENT_SCHEMA_VERSION",
     "MAX_EVENT_RING_SIZE",
@@ -28,6 +29,9 @@ EVENT_SCHEMA_VERSION: Final = 1
 
 DEFAULT_RING_SIZE: Final = 8000
 """Events kept per session for replay (EB-1, EB-7)."""
+
+DEFAULT_RING_MAX_BYTES: Final = 64 * 1024 * 1024
+"""Bytes a session's ring holds at most (docs/protocol.md, "Ring limits")."""
 
 MAX_EVENT_RING_SIZE: Final = 1_000_000
 """Largest ring size; sizes outside ``[1, 1_000_000]`` are refused (EB-1)."""

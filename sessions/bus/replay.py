@@ -7,18 +7,18 @@ is never evicted for its replay backlog. Synchronous; never awaits.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Any
 
-from sessions.bus.frame import Frame, synthetic_frame
+from sessions.bus.frame import synthetic_frame
 from sessions.bus.queue import Subscription
+from sessions.bus.ring import Ring
 
 logger = logging.getLogger("qwenweb.bus")
 
 
 def replay(
     sub: Subscription,
-    ring: deque[Frame],
+    ring: Ring,
     next_id: int,
     bus_epoch: str,
     cursor: int,
@@ -35,7 +35,8 @@ def replay(
     Returns ``(resync reason or None, events replayed)`` for the bus's counters; logs one
     line per resync. Never raises for a valid ring.
     """
-    earliest = ring[0].id if ring else next_id
+    ring.expire()
+    earliest = ring.earliest_id if len(ring) else next_id
     assert earliest is not None
     resync: dict[str, Any] | None = None
     replay_from = cursor
@@ -70,17 +71,12 @@ def replay(
         sub._force_push(synthetic_frame("state_resync_required", resync))
     replayed = 0
     last_replayed: int | None = None
-    if ring:
-        # Ids in the ring are contiguous, so the first index after the cursor is
-        # computed, not searched: replay costs O(replayed), not O(ring).
-        first_id = ring[0].id
-        assert first_id is not None
-        start = max(0, replay_from - first_id + 1)
-        for index in range(start, len(ring)):
-            frame = ring[index]
-            sub._force_push(frame)
-            replayed += 1
-            last_replayed = frame.id
+    # Ids in the ring are contiguous, so the first frame after the cursor is computed,
+    # not searched: replay costs O(replayed), not O(ring).
+    for frame in ring.frames_after(replay_from):
+        sub._force_push(frame)
+        replayed += 1
+        last_replayed = frame.id
     complete: dict[str, Any] = {"replayedCount": replayed}
     if last_replayed is not None:
         complete["lastReplayedEventId"] = last_replayed

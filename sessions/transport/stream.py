@@ -478,18 +478,17 @@ def drain_frame(retry_ms: int) -> Frame:
 
     Shape: ``{"v": 1, "type": "stream_error", "data": {"error": ..., "code":
     "server_draining", "retryAfterMs": retry_ms}}``; its block starts with ``retry:
-    <retry_ms>`` (``Frame.retry_ms``), so every client reconnects after its own time.
+    <retry_ms>`` (a ``RetryFrame``), so every client reconnects after its own time.
     """
-    frame = synthetic_frame(
+    return synthetic_frame(
         "stream_error",
         {
             "error": "the server is shutting down; reconnect",
             "code": "server_draining",
             "retryAfterMs": retry_ms,
         },
+        retry_ms=retry_ms,
     )
-    frame.retry_ms = retry_ms
-    return frame
 
 
 def _text(raw: bytes | None) -> str | None:

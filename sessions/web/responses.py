@@ -34,7 +34,7 @@ logger = logging.getLogger("qwenweb.api")
 def api_error_response(error: ApiError) -> JsonResponse:
     """Return ``error`` as a JSON response with its status and headers."""
     response = JsonResponse(error.payload(), status=error.status)
-    for name, value in error_headers(error.status):
+    for name, value in error_headers(error.status, error.retry_after_s):
         if name != b"content-type":
             response[name.decode()] = value.decode()
     return response

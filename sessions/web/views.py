@@ -35,6 +35,7 @@ from sessions.backends.base import (
     IdempotencyKeyReusedError,
     LiveSession,
     Published,
+    QuotaExceededError,
     SessionClosedError,
     SessionNotFoundError,
 )
@@ -46,7 +47,7 @@ from sessions.bus import (
     MAX_SAFE_INTEGER,
 )
 from sessions.conf import SNAPSHOT_MAX_LIMIT, get_config
-from sessions.errors import ApiError
+from sessions.errors import ApiError, quota_exceeded
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
 from sessions.web.responses import api_view, enforce_csrf
@@ -134,7 +135,10 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     """``POST /session``: create a session; 201 with its id, URLs and read/publish tokens.
 
     Body (optional JSON object): ``title`` (str, <= 200 chars), ``ringSize`` (int in
-    ``[1, 1_000_000]``). Auth: a logged-in user (CSRF-checked) or a ``create`` token.
+    ``[1, 1_000_000]``; at most ``MAX_USER_RING_SIZE`` for a user who is not staff, else
+    400). Auth: a logged-in user (CSRF-checked) or a ``create`` token. A user (not staff)
+    with ``MAX_SESSIONS_PER_USER`` open sessions gets 429 ``quota_exceeded``
+    (docs/protocol.md, "Quotas").
     """
     principal = await _authenticate(request)
     if principal.claims is not None and "create" not in principal.claims.scopes:
@@ -163,7 +167,10 @@ async def create_session(request: HttpRequest) -> HttpResponse:
             f"ringSize must be an integer in [1, {MAX_EVENT_RING_SIZE}]",
             field="ringSize",
         )
-    row, tokens = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
+    try:
+        row, tokens = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
+    except QuotaExceededError as exc:
+        raise quota_exceeded(exc) from None
     logger.info("session_created session=%s by=%s", row.id, sanitize_for_log(principal.name))
     return JsonResponse(
         {
@@ -199,12 +206,47 @@ def _create_row_sync(
                 .values_list("pk", flat=True)
                 .first()
             )
+    _check_owner_quotas(owner_id, ring_size)
     row = AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
     tokens = {
         scope: issue_current_token(row.id, [scope], principal.name, user_id=owner_id)
         for scope in ("read", "publish")
     }
     return row, tokens
+
+
+def _check_owner_quotas(owner_id: int | None, ring_size: int | None) -> None:
+    """The creation quotas of a user who is not staff (docs/protocol.md, "Quotas"):
+    ``ringSize`` at most ``MAX_USER_RING_SIZE`` (400) and at most ``MAX_SESSIONS_PER_USER``
+    open sessions (:class:`QuotaExceededError`). Sessions without an owner (operator
+    tokens) and staff have none. Checked when the row is created (not locked: two
+    concurrent creations may both pass)."""
+    if owner_id is None:
+        return
+    from django.contrib.auth import get_user_model
+
+    if get_user_model().objects.filter(pk=owner_id, is_staff=True).exists():
+        return
+    config = get_config()
+    if ring_size is not None and ring_size > config.max_user_ring_size:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"ringSize must be at most {config.max_user_ring_size} (MAX_USER_RING_SIZE)",
+            field="ringSize",
+            limit=config.max_user_ring_size,
+        )
+    limit = config.max_sessions_per_user
+    open_count = AgentSession.objects.filter(
+        owner_id=owner_id, status=AgentSession.Status.OPEN
+    ).count()
+    if open_count >= limit:
+        raise QuotaExceededError(
+            "MAX_SESSIONS_PER_USER",
+            limit,
+            60,
+            f"at most {limit} open sessions per user (MAX_SESSIONS_PER_USER); close one",
+        )
 
 
 async def _open_session(principal: Principal, session_id: str, scope: str) -> LiveSession:
@@ -334,7 +376,8 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
     Needs ``publish`` access. 400 names the bad field; 409 when the session is closed;
-    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``. With an ``Idempotency-Key``
+    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``; 429 ``rate_limited`` past the
+    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``. With an ``Idempotency-Key``
     a repeat answers the first result (``Idempotent-Replayed: true``) and publishes
     nothing; the key with another body is 422 ``idempotency_key_reused``. (``GET`` is the
     stream, served by ``sessions.transport.stream`` in front of Django.)
@@ -351,8 +394,12 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
         if replay is not None:  # published before the session closed: its first answer
             return _published_response(replay)
         raise ApiError(409, "session_closed", "the session is closed") from None
+    backend = get_backend()
     try:
-        published = await get_backend().publish(live, event, idempotency=idempotency)
+        backend.check_publish_quota(live, len(request.body))  # (a keyed retry counts too)
+        published = await backend.publish(live, event, idempotency=idempotency)
+    except QuotaExceededError as exc:
+        raise quota_exceeded(exc) from None
     except IdempotencyKeyReusedError:
         assert idempotency is not None
         raise _key_reused(idempotency) from None

@@ -133,8 +133,9 @@ def synthetic_payload(frame: Frame) -> tuple[bytes, bytes]:
     envelope["_meta"] = {"serverTimestamp": time.time_ns() // 1_000_000}
     data_json = orjson.dumps(envelope)
     wire = encode_frame(event_type=frame.type, data_json=data_json)
-    if frame.retry_ms is not None:  # in the same block: set before the frame is handled
-        wire = encode_retry(frame.retry_ms).removesuffix(b"\n") + wire
+    retry_ms = getattr(frame, "retry_ms", None)  # a RetryFrame
+    if retry_ms is not None:  # in the same block: set before the frame is handled
+        wire = encode_retry(retry_ms).removesuffix(b"\n") + wire
     return wire, data_json
 
 

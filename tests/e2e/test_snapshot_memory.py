@@ -42,7 +42,13 @@ def serve(e2e_database: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     server = ServerProcess(
         serve_argv(port),
         port,
-        server_env(e2e_database, QWENWEB_RING_SIZE=str(EVENTS + 16)),
+        server_env(
+            e2e_database,
+            QWENWEB_RING_SIZE=str(EVENTS + 16),
+            # The ring must hold all 300 MiB: above RING_MAX_BYTES' default (issue 17).
+            QWENWEB_RING_MAX_BYTES=str(400 * MIB),
+            QWENWEB_MAX_RING_BYTES_TOTAL=str(512 * MIB),
+        ),
         tmp_path_factory.mktemp("logs") / "serve-snapshot.log",
     ).start()
     yield server
