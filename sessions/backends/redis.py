@@ -8,9 +8,10 @@ Mirrors
     process's one reader task (:meth:`EventBus.ingest`) and keeps the local subscriber
     queues, so backpressure, warnings and evictions stay local and exact (EB-3 ... EB-5,
     EB-21). A publish goes to Redis and reaches every process's mirror through its reader,
-    this one included. A cursor ahead of the mirror but issued in Redis is waited for
-    before the subscriber attaches, so a client resuming on another process misses
-    nothing. Mirrors without subscribers for ``MIRROR_IDLE_UNLOAD_S`` are unloaded.
+    this one included. Before a subscriber attaches (or a snapshot is taken) the mirror
+    is waited for until it has every id Redis had issued, so a client resuming on another
+    process misses nothing and a live-only one gets nothing published before it.
+    Mirrors without subscribers for ``MIRROR_IDLE_UNLOAD_S`` are unloaded.
 
 Epochs (EB-7)
     When Redis has lost a session's data the next load starts a new epoch whose ids
@@ -83,7 +84,8 @@ READER_RECOVERY_WAIT_S = 2.0
 #: a gap (the local ring still keeps ``ring_size``). The byte and age limits always apply:
 #: this floor never keeps bytes beyond ``RING_MAX_BYTES``.
 STREAM_COUNT_FLOOR = 1000
-#: How long a subscriber with a cursor waits for this process's mirror to reach it.
+#: How long a subscriber or a snapshot waits for this process's mirror to reach the last id
+#: Redis issued.
 CATCH_UP_TIMEOUT_S = 5.0
 #: A mirror without subscribers for this long is unloaded: the reader then reads only the
 #: streams of sessions with local subscribers (or recent ones); a later use reloads it.
@@ -448,7 +450,7 @@ class RedisBackend(RedisControlled):
         self.hooks.session_closed(session_id, last_id)
         return published
 
-    # -- subscribe: wait for the mirror to reach the cursor ------------------------------
+    # -- subscribe: wait for the mirror to reach Redis's head ---------------------------
 
     async def subscribe(
         self,
@@ -462,12 +464,13 @@ class RedisBackend(RedisControlled):
     ) -> tuple[LiveSession, Subscription]:
         """First checks the session's head in Redis (closed, epoch): a mirror whose epoch
         Redis no longer has is rebuilt (that is how a client learns of lost data:
-        ``epoch_reset``); a cursor the mirror has not reached yet but Redis has issued is
-        waited for (at most ``CATCH_UP_TIMEOUT_S``), so replay and live meet without loss
-        or repeat on any process; without a cursor, the last id Redis issued is waited for,
-        so a live-only stream starts after the events published before it (EB-13). Raises as :meth:`Backend.subscribe`.
+        ``epoch_reset``); then the mirror is waited for (at most ``CATCH_UP_TIMEOUT_S``)
+        until it has the last id Redis had issued, whatever the cursor, so replay and live
+        meet without loss or repeat on any process, a live-only stream starts after the
+        events published before it, and a cursor of another epoch replays them all (EB-13).
+        Raises as :meth:`Backend.subscribe`.
         """
-        live = await self._ready_mirror(live, last_event_id)
+        live = await self._ready_mirror(live)
         return await super().subscribe(
             live,
             last_event_id=last_event_id,
@@ -486,8 +489,7 @@ class RedisBackend(RedisControlled):
             SessionClosedError: Redis says the session is closed.
             BackendUnavailableError: Redis unreachable, or the mirror did not catch up.
         """
-        head = await self.store().head(live.session_id)
-        return await self._ready_mirror(live, head.last_event_id)
+        return await self._ready_mirror(live)
 
     async def snapshot(
         self, live: LiveSession, *, limit: int | None = None, before: int | None = None
@@ -496,7 +498,7 @@ class RedisBackend(RedisControlled):
         subscribers = await self.subscriber_count(live)
         return self._snapshot_page(live, limit, before, subscribers)
 
-    async def _ready_mirror(self, live: LiveSession, cursor: int | None) -> LiveSession:
+    async def _ready_mirror(self, live: LiveSession) -> LiveSession:
         store = self.store()
         # After an outage nothing live would arrive until the reader is back: wake it, wait.
         await store.wait_available(READER_RECOVERY_WAIT_S)
@@ -516,11 +518,11 @@ class RedisBackend(RedisControlled):
                     self._drop_mirror(live, "epoch_reset")
                 live = await self.get_live_session(live.session_id)
                 continue
-            # A live-only subscriber (no cursor) starts after every id Redis had issued,
-            # as on the memory backend: events published before it attached are not live.
-            target = head.last_event_id if cursor is None else cursor
-            if live.bus.last_event_id < target <= head.last_event_id:
-                await self._caught_up(live, target)
+            # The mirror first reaches every id Redis had issued, whatever the cursor: a
+            # live-only subscriber (no cursor) then starts after the events published
+            # before it, and a cursor from another epoch replays them all (EB-13).
+            if live.bus.last_event_id < head.last_event_id:
+                await self._caught_up(live, head.last_event_id)
                 if self.registry.get(live.session_id) is not live:
                     continue
             return live
