@@ -15,10 +15,22 @@ $(STAMP): requirements.txt requirements-dev.txt
 setup: $(STAMP)
 
 # What the tests need from the system (Debian's packages; root, as on CI): Node for the
-# parser tests, Chromium for the browser tests (never a test tool's own browser download).
-system-deps:
+# parser tests, Chromium for the browser tests (never a test tool's own browser download),
+# npm for axe-core (package.json / package-lock.json: `npm ci` into node_modules/, which
+# the accessibility tests inject into the pages), and redis-server: the Redis end-to-end
+# tests start private ones, and a few use the one at 127.0.0.1:6379 (under a key prefix of
+# their own, never flushed), started here when none answers.
+system-deps: node_modules/.installed
 	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs; }
 	@[ -x /usr/bin/chromium ] || { apt-get update -qq && apt-get install -y -qq chromium; }
+	@[ -x /usr/bin/redis-server ] || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 \
+		|| redis-server --bind 127.0.0.1 --port 6379 --save '' --daemonize yes
+
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 # `make demo ARGS="--port 8765"` passes options to `manage.py demo` (see its --help).
 demo: $(STAMP)
@@ -47,13 +59,14 @@ test-redis: $(STAMP)
 	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
-test-browser: $(STAMP)
+test-browser: $(STAMP) system-deps
 	$(PY) -m pytest -m browser tests/browser
 
-# Re-take docs/session-page-*.png from the browser tests that reach those states.
-screenshots: $(STAMP)
+# Re-take docs/session-page-*.png from the browser tests that reach those states: live
+# (1440 px), phone (390 px), evicted while paused and after the recovery, ended.
+screenshots: $(STAMP) system-deps
 	QWENWEB_SCREENSHOT_DIR=docs $(PY) -m pytest -q -m browser tests/browser \
-		-k "demo_agent or closed or uvicorn"
+		-k "demo_agent or closed or 390px_phone or paused_page"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

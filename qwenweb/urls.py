@@ -7,7 +7,9 @@ the streaming handler in front of Django (EB-22).
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
+from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
+from django.views.generic.base import RedirectView
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
@@ -19,6 +21,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("sessions.urls")),
+    # Browsers ask for /favicon.ico on pages without an icon link (the admin's error pages).
+    path("favicon.ico", RedirectView.as_view(url=static("qwenweb/favicon.svg"))),
 ]
 
 # `/static/` from the app's files when DEBUG is on (an empty list otherwise), so the session

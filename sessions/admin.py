@@ -141,6 +141,7 @@ class _NewestFirstFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
 
 class _ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
     formset = _NewestFirstFormSet
+    template = "admin/agent_sessions/tabular_readonly.html"  # its headers all named (a11y)
     extra = 0
     can_delete = False
     show_change_link = True

@@ -28,6 +28,12 @@ urlpatterns = [
         subscribers.disconnect_subscriber,
         name="session-subscriber-disconnect",
     ),
+    # The session page: is its (paused) reader still connected?
+    path(
+        "session/<str:session_id>/readers/<str:client_id>",
+        subscribers.reader_status,
+        name="session-reader",
+    ),
     # The pages: `/` is the dashboard for staff and a redirect to the list for everyone else.
     path("", dashboard.home, name="dashboard"),
     path("sessions/", pages.session_list, name="session-list"),

@@ -52,14 +52,18 @@ _demo_agents: dict[str, asyncio.Task[int]] = {}
 async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
     """``POST /sessions/<id>/demo``: start the demo agent in this process; 202.
 
+    ``GET`` answers ``{"sessionId", "running"}``: whether a demo agent runs for the session
+    in this process (the page's Start button says so; an agent publishing over HTTP from
+    elsewhere, like ``manage.py demo``'s, is not seen).
+
     Login session + CSRF (Django's middleware; a missing token is its 403 page). Answers
     202 ``{"started": true, "sessionId", "chunksPerS"}``; JSON errors otherwise: 401 not
     logged in, 404 unknown session or neither owner nor staff, 409 ``demo_running``
     (one agent per session) or ``session_closed``.
     """
-    if request.method != "POST":  # a JSON 405 like the API's, not Django's empty one
-        response = error_response(405, "method_not_allowed", "use POST here")
-        response["Allow"] = "POST"
+    if request.method not in ("GET", "POST"):  # a JSON 405 like the API's, not Django's
+        response = error_response(405, "method_not_allowed", "use GET or POST here")
+        response["Allow"] = "GET, POST"
         return response
     user = await request_user(request)
     if not user.is_authenticated:
@@ -68,6 +72,8 @@ async def start_demo(request: HttpRequest, session_id: str) -> JsonResponse:
     row = await session_row(normalized) if normalized else None
     if row is None or not can_view(user, row.owner_id):  # the same 404: existence never leaks
         return error_response(404, "not_found", "unknown session")
+    if request.method == "GET":
+        return JsonResponse({"sessionId": row.id, "running": demo_agent_running(row.id)})
     if row.is_closed:
         return error_response(409, "session_closed", "the session is closed")
     if not start_demo_agent(row.id):

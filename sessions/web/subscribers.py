@@ -8,7 +8,11 @@ Routes (``sessions/urls.py``; docs/protocol.md, "Endpoints"):
   with a terminal ``stream_error`` (code ``server_disconnect``, reason
   ``operator_disconnect``); its record ends ``operator_disconnect``, ``by <operator>``.
 
-Both are for active staff with a login session only (a bearer token names no operator):
+- ``GET /session/<id>/readers/<client id>`` — whether a reader that sent
+  ``X-Client-Id: <client id>`` is connected now: the session page polls it while its reading
+  is paused, to learn that the server evicted it (it cannot see the stream's end unread).
+
+The first two are for active staff with a login session only (a bearer token names no operator):
 anyone else gets 403 ``forbidden`` before anything about the session is looked up. The
 ``POST`` also needs the CSRF header (403 ``csrf_failed``). Thin glue over the backend:
 the event store out of reach is the usual 503 of :func:`sessions.web.responses.api_view`.
@@ -22,7 +26,7 @@ from typing import Any, Final
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from sessions.auth import is_operator
+from sessions.auth import authenticate, check_access_by_row, is_operator
 from sessions.backends import get_backend
 from sessions.backends.base import OPERATOR_DISCONNECT
 from sessions.errors import ApiError
@@ -31,7 +35,12 @@ from sessions.queries import request_user, session_row
 from sessions.web.responses import api_view, enforce_csrf
 from sessions.wire import sanitize_for_log
 
-__all__ = ["SUBSCRIBER_PLACEHOLDER", "disconnect_subscriber", "session_subscribers"]
+__all__ = [
+    "SUBSCRIBER_PLACEHOLDER",
+    "disconnect_subscriber",
+    "reader_status",
+    "session_subscribers",
+]
 
 logger = logging.getLogger("qwenweb.api")
 
@@ -78,6 +87,48 @@ async def session_subscribers(request: HttpRequest, session_id: str) -> HttpResp
     backend = get_backend()
     rows = await backend.list_subscribers(session_id)
     return JsonResponse({"process": backend.process_id, "subscribers": rows})
+
+
+MAX_CLIENT_ID_LENGTH: Final = 200
+"""The longest ``X-Client-Id`` kept (the stream keeps its first 200 characters)."""
+
+
+@api_view("GET", "HEAD")
+async def reader_status(request: HttpRequest, session_id: str, client_id: str) -> HttpResponse:
+    """``GET /session/<id>/readers/<client id>``: is a reader with that ``X-Client-Id`` on?
+
+    For the session page, whose paused reader may be evicted by the server unseen (a paused
+    ``fetch`` body is not read, so its end is not noticed either). Needs ``read`` access: a
+    read token of the session, or the login session of its owner or active staff.
+
+    Shape: ``{"clientId", "connected" (a current subscriber sent that X-Client-Id),
+    "lastEventId" (the highest id sent to such a subscriber; None when none is connected
+    or before any event)}``, over every server process (another process's rows are at most
+    ``PROCESS_TTL_S / 4`` old). A closed session has no readers.
+
+    Errors: 400 ``invalid_request`` (client id over 200 characters), 401, 403 ``forbidden``
+    (a token of another session), 404 ``not_found``, 503.
+    """
+    normalized = normalize_session_id(session_id)
+    if normalized is None:
+        raise ApiError(404, "not_found", "unknown session")
+    if len(client_id) > MAX_CLIENT_ID_LENGTH:
+        raise ApiError(
+            400, "invalid_request", "client id is longer than 200 characters", field="clientId"
+        )
+    principal = await authenticate(
+        request.headers.get("Authorization"), lambda: request_user(request)
+    )
+    await check_access_by_row(principal, normalized, "read")
+    rows = [
+        row
+        for row in await get_backend().list_subscribers(normalized)
+        if row.get("clientId") == client_id
+    ]
+    sent = [row["lastEventId"] for row in rows if row.get("lastEventId") is not None]
+    return JsonResponse(
+        {"clientId": client_id, "connected": bool(rows), "lastEventId": max(sent, default=None)}
+    )
 
 
 @api_view("POST")

@@ -25,6 +25,7 @@ import { SubscribersTable } from "./subscribers.js";
 const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_ACTIVITY = 60;
 const SPARK_WINDOW_MS = 120_000;
+const STALE_AFTER_MS = 3500;
 
 /** Events per second between consecutive points `[t_ms, published, subscribers]`.
  * Returns `[[t_ms, rate]]` (one fewer than points). A drop of `published` (a bus rebuilt or
@@ -209,7 +210,10 @@ class Dashboard {
       closeOn: ["stream-error"],
       replayLatest: ["stats"],
       onOpen: () => show("live", "live"),
-      onError: () => show("reconnecting", "reconnecting…"),
+      onError: () => {
+        show("reconnecting", "reconnecting…");
+        this.setStale(true);
+      },
       onConnectionWait: (waiting) => notice.set("feed", waiting),
       onRoleChange: (role) => {
         state.dataset.role = role;
@@ -218,17 +222,39 @@ class Dashboard {
       onMessage: (type, data) => {
         if (type === "stream-open") show("live", "live");
         else if (type === "stream-error") {
-          show("reconnecting", "refused");
+          show("reconnecting", "the server refused the feed: reload the page (log in as staff)");
           console.warn("operator feed refused", data);
+          this.setStale(true);
         } else if (type === "stats") this.onStats(JSON.parse(data));
         else if (type === "activity") for (const item of JSON.parse(data).items) this.onActivity(item);
       },
     });
     window.addEventListener("pagehide", () => feed.close());
+    // Stats come every second: none for STALE_AFTER_MS means the numbers are old, even
+    // when the connection has not reported an error yet (a stalled server or network).
+    this.lastStatsAt = Date.now();
+    setInterval(() => {
+      if (Date.now() - this.lastStatsAt > STALE_AFTER_MS) this.setStale(true);
+    }, 1000);
     this.feed = feed.start();
   }
 
+  /** Grey out every number and say what time they are from while the feed is down. */
+  setStale(stale) {
+    const root = document.querySelector(".dash");
+    const note = document.getElementById("stale-note");
+    if (root === null || note === null) return;
+    root.classList.toggle("stale", stale);
+    note.hidden = !stale;
+    if (stale) {
+      // Before the first `stats`, the numbers are the ones the page was rendered with.
+      note.textContent = `values as of ${timeOf(this.lastStatsAt)}`;
+    }
+  }
+
   onStats(message) {
+    this.lastStatsAt = Date.now();
+    this.setStale(false);
     this.statsSeen += 1;
     document.body.dataset.statsSeen = String(this.statsSeen);
     const seen = new Set();

@@ -38,22 +38,22 @@
  * this page's own subscriber among the others.
  */
 import { ConnectionWaitNotice, watchRequest } from "./connection_wait.js";
+import { Follower, FrameLog } from "./frame_log.js";
 import { PublishConsole } from "./publish_console.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable } from "./subscribers.js";
 
-const MAX_LOG_ROWS = 2000;
-const FOLLOW_SLACK_PX = 48;
 const SNAPSHOT_ATTEMPTS = 3;
-const ROLE_LABELS = { agent: "Agent", user: "User", thought: "Thinking" };
-const SIGNAL_CLASSES = {
-  slow_client_warning: "warning",
-  client_evicted: "evicted",
-  state_resync_required: "resync",
-  history_truncated: "resync",
-  stream_error: "error",
-  replay_complete: "replay",
+const READER_POLL_MS = 1500;
+const DEMO_POLL_MS = 3000;
+const NOTICE_MS = { info: 6000, error: 12000 };
+const DISCONNECT_REASONS = {
+  operator_disconnect: "an operator disconnected this reader",
+  server_shutdown: "the server is shutting down",
+  epoch_reset: "the server's copy of the session was reset",
+  mirror_gap: "the server's copy of the session fell behind",
 };
+const ROLE_LABELS = { agent: "Agent", user: "User", thought: "Thinking" };
 const REASONS = {
   start: "opening the stream",
   reconnect: "reconnecting with the cursor",
@@ -138,14 +138,32 @@ class HttpError extends Error {
   }
 }
 
+/** The server's words for a refusal (the JSON envelope's `error`), never its code. */
 async function errorDetail(response) {
   try {
     const body = await response.json();
-    if (isObject(body)) return [body.code, body.error].filter((part) => typeof part === "string").join(": ");
+    if (isObject(body) && typeof body.error === "string") return body.error;
   } catch {
     // not JSON: the status says enough
   }
   return "";
+}
+
+const STATUS_WORDS = {
+  400: "the request was refused",
+  401: "not logged in",
+  403: "not allowed",
+  404: "unknown session",
+  409: "not possible now",
+  429: "too many requests",
+};
+
+/** A failed response in words: the server's message, else what its status means. */
+async function failureText(response) {
+  const detail = await errorDetail(response);
+  if (detail) return detail;
+  if (response.status >= 500) return `the server failed (HTTP ${response.status})`;
+  return STATUS_WORDS[response.status] ?? `HTTP ${response.status}`;
 }
 
 /** The text of an ACP content block (`{type: "text", text}`), or a placeholder. */
@@ -183,31 +201,6 @@ function describeEvent(envelope, rawLength) {
   }
   if (rawLength > 4096) note = `${formatBytes(rawLength)} · ${note}`;
   return note;
-}
-
-/** Keeps a scroll container pinned to its bottom unless the user scrolled up. */
-class Follower {
-  constructor(element) {
-    this.element = element;
-    this.stick = true;
-    this.frame = 0;
-    element.addEventListener(
-      "scroll",
-      () => {
-        this.stick = element.scrollHeight - element.scrollTop - element.clientHeight < FOLLOW_SLACK_PX;
-      },
-      { passive: true },
-    );
-  }
-
-  /** Scroll to the bottom at the next frame if pinned (no layout read per append). */
-  kick() {
-    if (!this.stick || this.frame) return;
-    this.frame = requestAnimationFrame(() => {
-      this.frame = 0;
-      this.element.scrollTop = this.element.scrollHeight;
-    });
-  }
 }
 
 // ---- the transcript --------------------------------------------------------------------
@@ -382,56 +375,6 @@ class Transcript {
   }
 }
 
-// ---- the frame log ---------------------------------------------------------------------
-
-/** The log of frames: one row per applied event and per synthetic frame, newest at the bottom. */
-class FrameLog {
-  constructor(body, countElement, scroller) {
-    this.body = body;
-    this.countElement = countElement;
-    this.follower = new Follower(scroller);
-    this.clear();
-  }
-
-  clear() {
-    this.body.replaceChildren();
-    this.total = 0;
-    this._renderCount();
-  }
-
-  /**
-   * Add a row. kind: "event" (has an id), "synthetic" (a server frame without id) or
-   * "local" (something this page noticed, e.g. a gap).
-   */
-  add({ id = null, type, timeMs, source = "", note = "", kind = "event" }) {
-    const row = h("tr", `row-${kind}`);
-    row.dataset.kind = kind;
-    row.dataset.type = type;
-    if (id !== null) row.dataset.id = String(id);
-    if (source) row.dataset.source = source;
-    const signal = SIGNAL_CLASSES[type];
-    if (signal) row.classList.add(`row-${signal}`);
-    const idCell = h("td", "num mono", id !== null ? id : kind === "synthetic" ? "◆" : "·");
-    if (id === null) idCell.title = kind === "synthetic" ? "synthetic frame: no id, never moves the cursor" : "noted by this page";
-    const typeCell = h("td", "type");
-    typeCell.append(h("span", `type-name${signal ? ` sig sig-${signal}` : ""}`, type));
-    const noteCell = h("td", "note");
-    if (source) noteCell.append(h("span", `source source-${source}`, source));
-    noteCell.append(document.createTextNode(note));
-    row.append(idCell, typeCell, h("td", "mono time", formatTime(timeMs)), noteCell);
-    this.body.append(row);
-    this.total += 1;
-    if (this.body.rows.length > MAX_LOG_ROWS) this.body.deleteRow(0);
-    this._renderCount();
-    this.follower.kick();
-  }
-
-  _renderCount() {
-    const shown = this.body.rows.length;
-    setText(this.countElement, shown < this.total ? `last ${shown} of ${this.total}` : `${this.total} rows`);
-  }
-}
-
 // ---- tokens ----------------------------------------------------------------------------
 
 /** Short-lived read tokens from `POST /session/<id>/token` (login session + CSRF). */
@@ -463,7 +406,7 @@ class TokenSource {
       body: JSON.stringify({ scope: "read" }),
     });
     if (!response.ok) {
-      throw new HttpError(response.status, `token request failed: HTTP ${response.status} ${await errorDetail(response)}`);
+      throw new HttpError(response.status, `could not get a read token: ${await failureText(response)}`);
     }
     const body = await response.json();
     if (!isObject(body) || typeof body.token !== "string" || body.token === "") {
@@ -502,6 +445,13 @@ class SessionPage {
     this.nextAttemptAt = null;
     this.ticker = null;
     this.noticeTimer = null;
+    this.noticeClearOn = null;
+    this.readerTimer = null;
+    this.readerBusy = false;
+    this.readerMisses = 0;
+    this.evictedWhilePaused = false;
+    this.demoRunning = Boolean(config.demoRunning);
+    this.demoTimer = null;
     this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
     this.signalListeners = [];
     this.waitNotice = new ConnectionWaitNotice(dom.banner);
@@ -514,6 +464,7 @@ class SessionPage {
   async start() {
     this.bindControls();
     this.startTools();
+    this.setDemoRunning(this.demoRunning);
     setText(this.dom.streamUrl, this.config.urls.events);
     this.addShareUi();
     // Join the other tabs before the snapshot, so no frame they share meanwhile is missed.
@@ -633,6 +584,9 @@ class SessionPage {
 
   setState(state, info = {}) {
     this.state = state;
+    this.evictedWhilePaused = false; // the stream speaks again: its state is the truth
+    this.readerMisses = 0;
+    if (this.noticeClearOn !== null && this.noticeClearOn.includes(state)) this.hideNotice();
     const badge = this.dom.badge;
     badge.dataset.state = state;
     setText(badge, state);
@@ -752,10 +706,17 @@ class SessionPage {
         this.showSignal("resync", envelope, note);
         break;
       }
-      case "stream_error":
+      case "stream_error": {
         note = `${data.error ?? "error"}${data.code ? ` (${data.code}${data.reason ? `: ${data.reason}` : ""})` : ""}; reconnecting`;
-        this.showSignal("error", envelope, note);
+        const why = DISCONNECT_REASONS[data.reason] ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
+        const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
+        this.showSignal(
+          "error",
+          envelope,
+          `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`,
+        );
         break;
+      }
       default:
         note = clip(raw, 160); // unknown types are shown raw, never fatal (SC-12)
         break;
@@ -915,6 +876,8 @@ class SessionPage {
         `Connection dropped; the client reconnects with Last-Event-ID after the retry delay.${
           shared ? " This tab now reads a stream of its own; the other tabs of this session keep sharing theirs." : ""
         }`,
+        "info",
+        ["open", "ended", "stopped"],
       );
     });
     pause.addEventListener("click", () => this.togglePause());
@@ -986,6 +949,9 @@ class SessionPage {
 
   togglePause() {
     this.paused = !this.paused;
+    if (!this.paused && this.evictedWhilePaused) {
+      setText(this.dom.stateReason, "resuming: reading what the server sent before it evicted this reader");
+    }
     if (this.stream !== null) {
       if (this.paused) this.stream.pause();
       else this.stream.resume();
@@ -1015,6 +981,8 @@ class SessionPage {
       this.maxQueued === undefined
         ? "Reconnecting with the default maxQueued, shared with the other tabs of this session."
         : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.`,
+      "info",
+      ["open", "ended", "stopped"],
     );
   }
 
@@ -1029,16 +997,104 @@ class SessionPage {
       });
       if (response.status === 202) {
         this.notify(`Demo agent started: about ${this.config.demoChunksPerS} chunks per second.`);
-      } else if (response.status === 409) {
-        this.notify(`Not started: ${await errorDetail(response)}.`, "error");
-      } else {
-        this.notify(`Demo agent: HTTP ${response.status} ${await errorDetail(response)}`, "error");
+        this.setDemoRunning(true);
+        return;
       }
+      const body = await response.clone().json().catch(() => ({}));
+      if (isObject(body) && body.code === "demo_running") {
+        this.notify("A demo agent is already running in this session.");
+        this.setDemoRunning(true);
+        return;
+      }
+      this.notify(`Could not start the demo agent: ${await failureText(response)}.`, "error");
     } catch (error) {
-      this.notify(`Demo agent: ${error}`, "error");
+      this.notify(`Could not start the demo agent: the server did not answer (${error.message ?? error}).`, "error");
     } finally {
-      button.disabled = this.state === "ended";
+      this.renderPanel();
     }
+  }
+
+  /** The Start button says whether an agent runs; while one does, ask every 3 s until it ends. */
+  setDemoRunning(running) {
+    this.demoRunning = running;
+    setText(this.dom.demo, running ? "Demo agent running" : "Start demo agent");
+    this.dom.demo.title = running
+      ? "The scripted demo agent is publishing into this session (one at a time)"
+      : "Play the scripted demo agent into this session";
+    if (running && this.demoTimer === null) {
+      this.demoTimer = setInterval(() => this.checkDemo(), DEMO_POLL_MS);
+    } else if (!running && this.demoTimer !== null) {
+      clearInterval(this.demoTimer);
+      this.demoTimer = null;
+    }
+    this.renderPanel();
+  }
+
+  async checkDemo() {
+    if (document.hidden) return;
+    try {
+      const response = await fetch(this.config.urls.demo, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) return;
+      const body = await response.json();
+      if (isObject(body) && body.running === false) this.setDemoRunning(false);
+    } catch {
+      // the next tick asks again
+    }
+  }
+
+  // -- a paused reader the server evicted --
+
+  /**
+   * While reading is paused the page does not read the body, so it would never see the
+   * server's `client_evicted` nor the stream's end. Ask `GET /session/<id>/readers/<client
+   * id>` every 1.5 s instead; two answers in a row without this page's reader (one could
+   * race a report of another process) mean the server evicted it.
+   */
+  updateReaderPoll() {
+    const wanted =
+      this.paused && this.state === "open" && this.stream !== null && !this.evictedWhilePaused && Boolean(this.config.urls.reader);
+    if (wanted && this.readerTimer === null) {
+      this.readerMisses = 0;
+      this.readerTimer = setInterval(() => this.checkReader(), READER_POLL_MS);
+    } else if (!wanted && this.readerTimer !== null) {
+      clearInterval(this.readerTimer);
+      this.readerTimer = null;
+    }
+  }
+
+  async checkReader() {
+    if (this.readerBusy) return;
+    this.readerBusy = true;
+    try {
+      const url = this.config.urls.reader.replace(this.config.subscriberPlaceholder, encodeURIComponent(this.clientId));
+      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) return; // a failed question says nothing about the reader
+      const body = await response.json();
+      if (!(this.paused && this.state === "open") || !isObject(body)) return;
+      this.readerMisses = body.connected === false ? this.readerMisses + 1 : 0;
+      if (this.readerMisses >= 2) this.showEvictedWhilePaused();
+    } catch {
+      // the next tick asks again
+    } finally {
+      this.readerBusy = false;
+    }
+  }
+
+  showEvictedWhilePaused() {
+    this.evictedWhilePaused = true;
+    const badge = this.dom.badge;
+    badge.dataset.state = "evicted";
+    setText(badge, "evicted");
+    const text = "the server evicted this reader while reading was paused: it fell behind";
+    setText(this.dom.stateReason, text);
+    this.dom.stateReason.title = text;
+    this.log.add({ kind: "local", type: "evicted while paused", timeMs: Date.now(), note: "the server no longer lists this page's reader" });
+    this.notify(
+      "The server evicted this page's reader while reading was paused (its queue was full). Resume reading to catch up: the page reads what was sent, then reconnects with its cursor.",
+      "error",
+      ["reconnecting", "stopped", "ended"],
+    );
+    this.renderPanel();
   }
 
   // -- rendering --
@@ -1051,12 +1107,19 @@ class SessionPage {
     const epoch = stream !== null ? stream.epoch : null;
     setText(dom.epoch, epoch === null ? "—" : clip(epoch, 10));
     dom.epoch.title = epoch ?? "";
-    setText(dom.reconnects, this.reconnectBase + (stream !== null ? stream.reconnectCount : 0));
+    // The 204 that ends a session answers a reconnect attempt: it is not counted as one.
+    const attempts = stream !== null ? stream.reconnectCount : 0;
+    setText(dom.reconnects, this.reconnectBase + (this.state === "ended" ? Math.max(0, attempts - 1) : attempts));
     setText(dom.retry, stream !== null ? `${stream.retryMs} ms` : "—");
     this.renderNextAttempt();
-    setText(dom.reading, this.paused ? "paused" : "reading");
-    dom.reading.classList.toggle("text-warning", this.paused);
-    dom.pausedChip.hidden = !this.paused;
+    const ended = this.state === "ended" || this.state === "stopped";
+    let reading = this.paused ? "paused" : "reading";
+    if (ended) reading = this.state === "ended" ? "ended (the session is closed)" : "stopped";
+    else if (this.evictedWhilePaused) reading = "paused · evicted by the server";
+    setText(dom.reading, reading);
+    dom.reading.classList.toggle("text-warning", this.paused && !ended);
+    dom.pausedChip.hidden = !this.paused || ended;
+    setText(dom.pausedChip, this.evictedWhilePaused ? "paused · evicted" : "reading paused");
     setText(dom.maxQueuedCurrent, this.maxQueued === undefined ? `default (${this.config.maxQueued.default})` : this.maxQueued);
     setText(dom.frames, this.framesReceived);
     setText(dom.duplicates, this.duplicates);
@@ -1065,9 +1128,10 @@ class SessionPage {
     dom.pause.disabled = terminal;
     setText(dom.pause, this.paused ? "Resume reading" : "Pause reading");
     dom.pause.setAttribute("aria-pressed", String(this.paused));
-    dom.demo.disabled = terminal;
+    dom.demo.disabled = terminal || this.demoRunning;
     for (const control of dom.maxQueuedForm.elements) control.disabled = terminal;
     this.renderSharing();
+    this.updateReaderPoll();
   }
 
   renderNextAttempt() {
@@ -1090,15 +1154,25 @@ class SessionPage {
     this.dom.banner.hidden = true;
   }
 
-  notify(text, kind = "info") {
+  /**
+   * Show a notice. It hides after a while, or, given `clearOn`, as soon as the stream
+   * reaches one of those states (e.g. "Connection dropped" once it is open again).
+   */
+  notify(text, kind = "info", clearOn = null) {
     const notice = this.dom.notice;
     notice.dataset.kind = kind;
     setText(notice, text);
     notice.hidden = false;
+    this.noticeClearOn = clearOn;
     clearTimeout(this.noticeTimer);
-    this.noticeTimer = setTimeout(() => {
-      notice.hidden = true;
-    }, 6000);
+    // A notice tied to states stays until it stops being true; others fade after a while.
+    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), NOTICE_MS[kind] ?? NOTICE_MS.info);
+  }
+
+  hideNotice() {
+    clearTimeout(this.noticeTimer);
+    this.noticeClearOn = null;
+    this.dom.notice.hidden = true;
   }
 }
 

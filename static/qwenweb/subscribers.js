@@ -146,17 +146,28 @@ export class SubscribersTable {
     result.hidden = true;
     const scroller = document.createElement("div");
     scroller.className = "subs-scroll";
+    scroller.tabIndex = 0; // a scrolling region is reachable from the keyboard (axe)
+    scroller.setAttribute("role", "region");
+    scroller.setAttribute("aria-label", "Table of live subscribers");
     const table = document.createElement("table");
     table.className = "table subs-table";
     const head = document.createElement("thead");
     const headRow = document.createElement("tr");
     for (const [label, cls] of [
       ["Subscriber", ""], ["Process", ""], ["User", ""], ["Client id", ""], ["Address", ""],
-      ["Since", ""], ["Last id", "num"], ["Lag", "num"], ["Queue", "num"], ["Rate", "num"], ["", ""],
+      ["Since", ""], ["Last id", "num"], ["Lag", "num"], ["Queue", "num"], ["Rate", "num"], ["Action", "hidden-label"],
     ]) {
       const th = document.createElement("th");
-      th.textContent = label;
-      if (cls) th.className = cls;
+      if (cls === "hidden-label") {
+        // The buttons' column: named for screen readers (axe empty-table-header), not shown.
+        const name = document.createElement("span");
+        name.className = "sr-only-text";
+        name.textContent = label;
+        th.append(name);
+      } else {
+        th.textContent = label;
+        if (cls) th.className = cls;
+      }
       headRow.append(th);
     }
     head.append(headRow);

@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from sessions.auth import verify_token
+from sessions.management.commands.demo import Command as DemoCommand
 from sessions.models import AgentSession
 
 pytestmark = pytest.mark.django_db
@@ -61,3 +62,13 @@ def test_issue_token_refuses_unknown_scope() -> None:
     session_id = json.loads(run("create_session"))["id"]
     with pytest.raises(CommandError, match="--scope takes read and/or publish"):
         run("issue_token", session_id, "--scope", "admin")
+
+
+def test_demo_reuses_its_open_demo_session_and_starts_a_new_one_once_it_is_closed() -> None:
+    command = DemoCommand(stdout=io.StringIO())
+    user = command._demo_user()
+    first = command._demo_session(user)
+    assert command._demo_session(user).id == first.id  # `make demo` run twice: one session
+    AgentSession.objects.filter(pk=first.id).update(status=AgentSession.Status.CLOSED)
+    assert command._demo_session(user).id != first.id
+    assert AgentSession.objects.filter(owner=user).count() == 2

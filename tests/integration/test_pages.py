@@ -57,6 +57,7 @@ async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_
         "demo": f"/sessions/{sid}/demo",
         "list": "/sessions/",
         "publish": f"/session/{sid}/events",
+        "reader": f"/session/{sid}/readers/ffffffff-ffff-ffff-ffff-ffffffffffff",
         "subscribers": None,
         "disconnect": None,
     }
@@ -189,6 +190,23 @@ async def test_demo_agent_stops_quietly_when_the_session_is_closed(make_session)
 
 async def test_demo_endpoint_answers_a_wrong_method_with_a_json_405(make_user, make_session):
     sid = await make_session(owner=await make_user("alice"))
-    response = await call("GET", f"/sessions/{sid}/demo")
+    response = await call("OPTIONS", f"/sessions/{sid}/demo")
     assert_error(response, 405, "method_not_allowed")
-    assert response.headers["allow"] == "POST"
+    assert response.headers["allow"] == "GET, POST"
+
+
+async def test_demo_endpoint_get_says_whether_an_agent_runs(make_user, make_session):
+    owner = await make_user("alice")
+    sid = await make_session(owner=owner)
+    cookie = await login_cookie(owner)
+    before = await call("GET", f"/sessions/{sid}/demo", headers={"cookie": cookie})
+    assert before.json() == {"sessionId": sid, "running": False}
+    try:
+        started = await call("POST", f"/sessions/{sid}/demo", headers=csrf_headers(cookie))
+        assert started.status == 202
+        running = await call("GET", f"/sessions/{sid}/demo", headers={"cookie": cookie})
+        assert running.json()["running"] is True
+    finally:
+        pages._demo_agents[sid].cancel()
+    stranger = {"cookie": await login_cookie(await make_user("mallory"))}
+    assert_error(await call("GET", f"/sessions/{sid}/demo", headers=stranger), 404, "not_found")

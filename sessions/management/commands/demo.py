@@ -1,8 +1,8 @@
 """``manage.py demo``: the whole demo in one command.
 
-Creates the demo user and a session, prints the URLs, tokens and a ``curl -N`` line,
-starts the development server (daphne via ``runserver``) and plays the demo agent into
-the session in a loop until Ctrl-C.
+Creates the demo user and a session (or reuses the demo user's newest open demo session),
+prints the URLs, tokens and a ``curl -N`` line, starts the development server (daphne via
+``runserver``) and plays the demo agent into the session in a loop until Ctrl-C.
 
 ``--tls``: HTTP/2 instead (browsers speak it only over TLS). A local CA and a certificate
 for localhost / 127.0.0.1 / ::1 are made once in ``var/tls/`` (``sessions.cli.devcert``,
@@ -37,6 +37,7 @@ from sessions.models import AgentSession
 
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - a local demo account, printed to the user
+DEMO_TITLE = "Demo agent session"
 
 
 class Command(BaseCommand):
@@ -60,7 +61,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         call_command("migrate", verbosity=0, interactive=False)
         user = self._demo_user()
-        session = AgentSession.objects.create(title="Demo agent session", owner=user)
+        session = self._demo_session(user)
         tls_note, server_argv = "", [
             sys.executable, "manage.py", "runserver", f"{options['addr']}:{options['port']}",
             "--noreload",
@@ -142,6 +143,21 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
                 server.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 server.kill()
+
+    def _demo_session(self, user: Any) -> AgentSession:
+        """The demo user's newest open demo session (a second `make demo` continues it,
+        with its history), else a new one."""
+        session = (
+            AgentSession.objects.filter(
+                owner=user, title=DEMO_TITLE, status=AgentSession.Status.OPEN
+            )
+            .order_by("-created_at")
+            .first()
+        )
+        if session is not None:
+            self.stdout.write(f"reusing the demo session {session.id} (still open)")
+            return session
+        return AgentSession.objects.create(title=DEMO_TITLE, owner=user)
 
     def _demo_user(self) -> Any:
         user_model = get_user_model()
