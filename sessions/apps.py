@@ -19,6 +19,7 @@ class SessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.exceptions import ImproperlyConfigured
         from django.db.models.signals import post_save
 
         from sessions import (
@@ -35,7 +36,11 @@ class SessionsConfig(AppConfig):
         hooks.connect(recorder)
         hooks.connect(feed)
         hooks.connect(lifecycle.listener)
-        if get_config().metrics:  # QWENWEB_METRICS=0: nothing counted (bench A/B)
+        try:
+            metrics_on = get_config().metrics
+        except ImproperlyConfigured:
+            metrics_on = True  # a bad setting: the system checks say which (qwenweb.E001)
+        if metrics_on:  # QWENWEB_METRICS=0: nothing counted (bench A/B)
             from sessions.ops.metrics import metrics
 
             hooks.connect(metrics)
