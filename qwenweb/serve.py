@@ -189,6 +189,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         _fail(f"unknown option(s) for granian: {' '.join(rest)} (daphne's need --server daphne)")
+    import django
+
+    django.setup()
+    # Before the system checks: they load the URLconf, whose `static()` calls fail
+    # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
+    static = static_mount()
     check_configuration()
     clean_metrics_directory()
     _check_workers(options.workers)
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             fd_limit=raise_fd_limit(),
             certfile=certfile,
             keyfile=keyfile,
-            static=static_mount(),
+            static=static,
             proxy_headers=options.proxy_headers,
         )
     )

@@ -140,6 +140,8 @@ def test_a_tabs_own_control_detaches_it_and_says_so(
     session = RemoteSession.create(server.base_url, title="detach")
     views = open_tabs(context, session, 2)
     leader_of(views)
+    # The other tab may still be electing when the leader already leads: wait for it.
+    assert wait_for(lambda: any(role_of(v) == "follower" for v in views), timeout_s=10)
     follower = next(v for v in views if role_of(v) == "follower")
     follower.page.click("#pause")
     expect(follower.page.locator("#notice")).to_contain_text("a stream of its own")
