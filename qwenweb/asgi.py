@@ -4,7 +4,9 @@
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
 including ``POST`` to the same path, goes to Django. The ASGI ``lifespan`` scope goes to
-:data:`sessions.ops.lifecycle.lifespan_app`.
+:data:`sessions.ops.lifecycle.lifespan_app`. ``/healthz``, ``/readyz`` and ``/metrics`` are
+answered first, by :class:`sessions.ops.probes.ProbeApplication`, before Django's
+``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
 """
 
 import os
@@ -20,6 +22,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
+from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
@@ -31,14 +34,16 @@ router = ProtocolTypeRouter(
         # Startup attaches the server loop, shutdown ends the streams and flushes the
         # records (sessions.ops.lifecycle.LifespanApp).
         "lifespan": lifespan_app,
-        "http": URLRouter(
-            [
-                path(
-                    "session/<str:session_id>/events",
-                    stream_application,
-                ),
-                re_path(r"", django_application),
-            ]
+        "http": ProbeApplication(
+            URLRouter(
+                [
+                    path(
+                        "session/<str:session_id>/events",
+                        stream_application,
+                    ),
+                    re_path(r"", django_application),
+                ]
+            )
         ),
     }
 )

@@ -25,8 +25,10 @@ What is set, and why (docs/deployment.md, "The server"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -131,14 +133,52 @@ def granian_options(
 def serve(options: dict[str, Any]) -> None:
     """Run granian with ``options`` (from :func:`granian_options`) until it is stopped.
 
-    SIGTERM/SIGINT reach granian's main process, which stops its workers; in each worker
-    the ASGI ``lifespan.shutdown`` runs :func:`sessions.ops.lifecycle.shutdown` with
-    ``end_streams`` (every open stream gets its terminal frame, then the records are
-    written) before granian closes the connections.
+    SIGTERM/SIGINT reach granian's main process: the first one first drains the workers
+    (:func:`_drain_before_stopping`), then granian stops them; in each worker the ASGI
+    ``lifespan.shutdown`` runs (or joins) :func:`sessions.ops.lifecycle.shutdown` (every
+    open stream ended, then the records written) before granian closes the connections.
     """
     from granian import Granian
 
-    Granian(**options).serve()
+    server = Granian(**options)
+    _drain_before_stopping(server)
+    server.serve()
+
+
+def _drain_before_stopping(server: Any) -> None:
+    """On the first SIGTERM/SIGINT, drain the workers while they still listen, then stop.
+
+    granian's main process stops its workers at once on SIGTERM, and a worker closes its
+    listener first: ``/readyz`` could not turn 503 and new streams could not be told to
+    go elsewhere. So the first signal sends :data:`sessions.ops.lifecycle.DRAIN_SIGNAL`
+    to every worker (each runs the graceful drain over ``DRAIN_S``) and hands the signal
+    to granian ``DRAIN_S`` + 1 s later; a second signal goes to granian at once
+    (docs/operators.md, "Graceful drain").
+    """
+    import threading
+
+    from sessions.conf import get_config
+    from sessions.ops.lifecycle import DRAIN_SIGNAL
+
+    stop_now = server.signal_handler_interrupt
+    drain_s = get_config().drain_s
+    draining = threading.Event()
+
+    def interrupt(*args: Any, **kwargs: Any) -> None:
+        if draining.is_set() or drain_s <= 0:
+            stop_now(*args, **kwargs)
+            return
+        draining.set()
+        for worker in list(server.wrks):
+            pid = getattr(getattr(worker, "inner", None), "pid", None)
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, DRAIN_SIGNAL)
+        timer = threading.Timer(drain_s + 1.0, stop_now)
+        timer.daemon = True
+        timer.start()
+
+    server.signal_handler_interrupt = interrupt
 
 
 def proxied_application() -> Any:

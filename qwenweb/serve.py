@@ -57,6 +57,17 @@ def check_configuration() -> None:
         connections.close_all()  # the workers are forked from this process
 
 
+def clean_metrics_directory() -> None:
+    """With ``PROMETHEUS_MULTIPROC_DIR`` set, remove the metric files of processes that no
+    longer run (a previous run's workers), so their counts do not live on forever; the
+    workers of this run then share the directory (docs/operators.md, "The metrics")."""
+    from sessions.ops.metrics import multiprocess_dir, remove_files_of_dead_processes
+
+    directory = multiprocess_dir()
+    if directory is not None:
+        remove_files_of_dead_processes(directory)
+
+
 def raise_fd_limit() -> int:
     """Raise this process's ``RLIMIT_NOFILE`` soft limit to its hard limit where allowed.
 
@@ -185,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
     static = static_mount()
     check_configuration()
+    clean_metrics_directory()
     _check_workers(options.workers)
     from qwenweb.granian_server import granian_options, serve
     from sessions.conf import get_config
@@ -220,6 +232,7 @@ def _serve_daphne(options: argparse.Namespace, rest: list[str]) -> None:
     if options.certfile is not None:
         _fail("--certfile/--keyfile are for granian; daphne here speaks plain HTTP/1.1")
     check_configuration()
+    clean_metrics_directory()
     from django.conf import settings
 
     if not settings.DEBUG:

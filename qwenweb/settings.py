@@ -10,6 +10,8 @@ demo (SQLite, in-memory bus, DEBUG on):
 | ``DJANGO_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,[::1]`` | comma-separated |
 | ``DATABASE_URL`` | ``sqlite:///<repo>/db.sqlite3`` | or ``postgres://user@host:5432/db`` |
 | ``DATABASE_CONN_MAX_AGE`` | ``0`` | seconds a connection is kept (``DATABASE_URL`` only) |
+| ``LOG_FORMAT`` | ``text`` | ``json``: one JSON object per operator log line |
+| ``PROMETHEUS_MULTIPROC_DIR`` | unset | several worker processes: where their metrics meet |
 | ``DJANGO_STATIC_ROOT`` | ``<repo>/var/static`` | where ``collectstatic`` puts the static files |
 | ``QWENWEB_RING_SIZE`` etc. | see :data:`QWENWEB` | event bus settings (``sessions.conf``) |
 """
@@ -166,16 +168,43 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024 + 1
 # event storage (nothing is written to the database per dashboard event).
 EVENTSTREAM_CHANNELMANAGER_CLASS = "sessions.ops.feed.OperatorChannelManager"
 
+# LOG_FORMAT=json: one JSON object per operator line; otherwise key=value text with values
+# quoted when they hold spaces or "=" (sessions.ops.logs). A bad Host header logs one
+# short line (qwenweb.security disallowed_host), never Django's traceback.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be text or json, got {LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "sessions.ops.logs.KeyValueFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
+        "json": {"()": "sessions.ops.logs.JsonFormatter"},
+    },
+    "filters": {
+        "short_disallowed_host": {"()": "sessions.ops.logs.DisallowedHostFilter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+        },
+        "disallowed_host": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+            "filters": ["short_disallowed_host"],
+        },
     },
     "loggers": {
+        "django.security.DisallowedHost": {
+            "handlers": ["disallowed_host"],
+            "level": "ERROR",
+            "propagate": False,
+        },
         "qwenweb": {
             "handlers": ["console"],
             "level": os.environ.get("QWENWEB_LOG_LEVEL", "INFO"),

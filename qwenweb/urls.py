@@ -9,6 +9,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.templatetags.static import static
 from django.urls import URLPattern, URLResolver, include, path
+from django.utils.functional import lazy
 from django.views.generic.base import RedirectView
 
 urlpatterns: list[URLPattern | URLResolver] = [
@@ -22,7 +23,9 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("sessions.urls")),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin's error pages).
-    path("favicon.ico", RedirectView.as_view(url=static("qwenweb/favicon.svg"))),
+    # Lazy: with DEBUG off the hashed name needs collectstatic's manifest, which must not
+    # be read at import (the system checks import the URLconf before serve says it lacks).
+    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("qwenweb/favicon.svg"))),
 ]
 
 # `/static/` from the app's files when DEBUG is on (an empty list otherwise), so the session

@@ -1,10 +1,10 @@
 """The sessions app: live agent sessions streamed over SSE.
 
 ``ready()`` wires the operator side to what the inner layers announce: the records
-writer, the dashboard feed and the lifecycle listen to :data:`sessions.hooks.hooks`, and
-the feed hears of new sessions through ``post_save``, and deactivating or deleting a user
-revokes their tokens (:mod:`sessions.revocation`). Nothing in the bus, wire format,
-backends, runtime or transport imports them.
+writer, the dashboard feed, the lifecycle and the metrics listen to
+:data:`sessions.hooks.hooks`, and the feed hears of new sessions through ``post_save``,
+and deactivating or deleting a user revokes their tokens (:mod:`sessions.revocation`).
+Nothing in the bus, wire format, backends, runtime or transport imports them.
 """
 
 from django.apps import AppConfig
@@ -19,12 +19,14 @@ class SessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.exceptions import ImproperlyConfigured
         from django.db.models.signals import post_save
 
         from sessions import (
             checks,  # noqa: F401  (registers the system checks)
             revocation,
         )
+        from sessions.conf import get_config
         from sessions.hooks import hooks
         from sessions.models import AgentSession
         from sessions.ops import dashboard, lifecycle
@@ -34,6 +36,14 @@ class SessionsConfig(AppConfig):
         hooks.connect(recorder)
         hooks.connect(feed)
         hooks.connect(lifecycle.listener)
+        try:
+            metrics_on = get_config().metrics
+        except ImproperlyConfigured:
+            metrics_on = True  # a bad setting: the system checks say which (qwenweb.E001)
+        if metrics_on:  # QWENWEB_METRICS=0: nothing counted (bench A/B)
+            from sessions.ops.metrics import metrics
+
+            hooks.connect(metrics)
         post_save.connect(
             dashboard.session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created"
         )

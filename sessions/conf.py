@@ -10,6 +10,7 @@ own limits come from :mod:`sessions.bus`). :func:`get_config` returns a frozen
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -77,6 +78,11 @@ ENV_OVERRIDES: Final = {
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
+    "METRICS": "QWENWEB_METRICS",
+    "METRICS_TOKEN": "QWENWEB_METRICS_TOKEN",
+    "METRICS_ALLOWED_NETS": "QWENWEB_METRICS_ALLOWED_NETS",
+    "METRICS_FLUSH_INTERVAL_S": "QWENWEB_METRICS_FLUSH_INTERVAL_S",
+    "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
@@ -115,6 +121,11 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
     "CORS_ALLOWED_ORIGINS": (),
+    "METRICS": True,
+    "METRICS_TOKEN": "",
+    "METRICS_ALLOWED_NETS": ("127.0.0.0/8", "::1/128"),
+    "METRICS_FLUSH_INTERVAL_S": 1.0,
+    "DRAIN_S": 10.0,
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
@@ -148,6 +159,8 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    "METRICS_FLUSH_INTERVAL_S": (float, 0.01, 60),
+    "DRAIN_S": (float, 0, 600),
     # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
     # The listen queue (the kernel caps it at net.core.somaxconn).
@@ -173,6 +186,8 @@ _TCP_USER_TIMEOUT_RANGE: Final = (0.0, 3600.0)
 #: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
 SNAPSHOT_MAX_LIMIT: Final = 5000
 _BACKEND_ALIASES: Final = ("memory", "redis")
+_BOOL_WORDS: Final = {"1": True, "true": True, "yes": True, "on": True, "0": False,
+                      "false": False, "no": False, "off": False}  # fmt: skip
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
 _DOTTED_PATH: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _REDIS_SCHEMES: Final = ("redis://", "rediss://", "unix://")
@@ -206,6 +221,18 @@ class QwenwebConfig:
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
+    #: Whether ``/metrics`` is served and the metrics listener counts (``QWENWEB_METRICS=0``:
+    #: off, e.g. for a bench A/B).
+    metrics: bool
+    #: A bearer token that may read ``/metrics`` from anywhere; empty: none.
+    metrics_token: str
+    #: Client networks that may read ``/metrics`` without a token (never trusted when the
+    #: request carries forwarding headers).
+    metrics_allowed_nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    #: How often the per-frame counters are handed to Prometheus (seconds).
+    metrics_flush_interval_s: float
+    #: Graceful drain: open streams end spread over this many seconds at shutdown.
+    drain_s: float
     #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
     #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
     request_header_timeout_s: float
@@ -285,6 +312,14 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return _coerce_origins(source, raw)
     if key == "TCP_USER_TIMEOUT_S":
         return _coerce_user_timeout(source, raw)
+    if key == "METRICS":
+        return _coerce_bool(source, raw)
+    if key == "METRICS_TOKEN":
+        if isinstance(raw, str) and (raw == "" or (len(raw) >= 16 and raw.isprintable())):
+            return raw.strip(), None
+        return None, f"{source} must be empty or at least 16 printable characters"
+    if key == "METRICS_ALLOWED_NETS":
+        return _coerce_nets(source, raw)
     if key == "MAX_RING_BYTES_TOTAL" and raw in (None, ""):
         return default_ring_bytes_total(), None
     kind, low, high = _RANGES[key]
@@ -336,6 +371,31 @@ def _coerce_user_timeout(source: str, raw: Any) -> tuple[Any, str | None]:
     if not low <= value <= high:
         return None, f"{source} must be in [{low:g}, {high:g}] (0: off) or 'auto'; got {value!r}"
     return value, None
+
+
+def _coerce_bool(source: str, raw: Any) -> tuple[Any, str | None]:
+    if isinstance(raw, bool):
+        return raw, None
+    if isinstance(raw, str) and raw.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[raw.strip().lower()], None
+    return None, f"{source} must be a boolean (1/0, true/false, on/off); got {raw!r}"
+
+
+def _coerce_nets(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``METRICS_ALLOWED_NETS``: CIDR networks, a list or a comma-separated string."""
+    if isinstance(raw, str):
+        items: Any = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        return None, f"{source} must be a list of networks like '10.0.0.0/8'; got {raw!r}"
+    nets = []
+    for item in items:
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except (TypeError, ValueError):
+            return None, f"{source} must hold networks like '10.0.0.0/8' or '::1/128'; got {item!r}"
+    return tuple(nets), None
 
 
 def config_errors() -> list[str]:

@@ -14,8 +14,13 @@ Two kinds of announcement
     listener that observer is the listener's own; with several, a thin fan-out. No Django
     signal runs per frame: a signal per frame per subscriber costs more than a delivery.
 
+    *Per publish*: :meth:`Hooks.event_published`, once per event a backend accepted in
+    this process (not per subscriber, not per mirror that ingests it), called only on the
+    listeners that override it.
+
     *Lifecycle* (rare): a session closed, the server's event loop attached, activity
-    relayed from another process. Listeners that do not care inherit the no-op methods.
+    relayed from another process, a request refused with a JSON error. Listeners that do
+    not care inherit the no-op methods.
 
 Concurrency: every method is called on the server's event loop (EB-11), never awaits
 and must never raise: a failing listener is logged and the others still run. This module
@@ -124,27 +129,47 @@ class Listener:
     def activity_received(self, items: Sequence[Mapping[str, Any]]) -> None:
         """Operator activity items relayed from another process (multi-process backends)."""
 
+    def event_published(self, session_id: str) -> None:
+        """A backend of this process accepted one event of ``session_id`` (not a replay)."""
+
+    def request_rejected(self, status: int, code: str) -> None:
+        """A request was answered with the JSON error envelope (``status``, ``code``)."""
+
 
 class Hooks:
     """The announcement point: listeners connect, inner layers announce (module docstring).
 
     ``shutting_down`` is set by the shutdown sequence: streams the server ends from then
-    on record ``server_shutdown`` rather than ``server_disconnect``.
+    on record ``server_shutdown`` rather than ``server_disconnect``. ``draining`` is set
+    when the graceful drain starts (``sessions.ops.lifecycle``): ``/readyz`` answers 503
+    and the stream route refuses new streams with ``stream_error`` (``server_draining``).
     """
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
+        self._publish_listeners: tuple[Listener, ...] = ()
         self.shutting_down = False
+        self.draining = False
 
     def connect(self, listener: Listener) -> None:
         """Add ``listener`` (once; connecting it again does nothing)."""
         if listener not in self._listeners:
             self._listeners.append(listener)
+            self._note_publish_listeners()
 
     def disconnect(self, listener: Listener) -> None:
         """Remove ``listener`` if connected. Never raises."""
         if listener in self._listeners:
             self._listeners.remove(listener)
+            self._note_publish_listeners()
+
+    def _note_publish_listeners(self) -> None:
+        # The publish path calls only the listeners that want to know.
+        self._publish_listeners = tuple(
+            listener
+            for listener in self._listeners
+            if type(listener).event_published is not Listener.event_published
+        )
 
     @property
     def listeners(self) -> tuple[Listener, ...]:
@@ -189,6 +214,22 @@ class Hooks:
                 listener.activity_received(items)
             except Exception:
                 logger.exception("listener_failed hook=activity_received listener=%r", listener)
+
+    def event_published(self, session_id: str) -> None:
+        """Announce one event accepted by this process's backend (never raises)."""
+        for listener in self._publish_listeners:
+            try:
+                listener.event_published(session_id)
+            except Exception:
+                logger.exception("listener_failed hook=event_published listener=%r", listener)
+
+    def request_rejected(self, status: int, code: str) -> None:
+        """Announce a request answered with the JSON error envelope (never raises)."""
+        for listener in self._listeners:
+            try:
+                listener.request_rejected(status, code)
+            except Exception:
+                logger.exception("listener_failed hook=request_rejected listener=%r", listener)
 
 
 hooks = Hooks()

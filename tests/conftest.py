@@ -20,6 +20,7 @@ from sessions.conf import get_config
 from sessions.hooks import hooks
 from sessions.ops import lifecycle
 from sessions.ops.feed import feed
+from sessions.ops.metrics import metrics
 from sessions.ops.records import recorder
 from tests.support import backend
 
@@ -27,6 +28,8 @@ from tests.support import backend
 # writer, dashboard feed, shutdown hooks) must not start on those loops and write at their
 # teardown. Tests of that machinery connect the lifecycle listener themselves.
 hooks.disconnect(lifecycle.listener)
+# Likewise the metrics listener's flush task; tests of metrics connect a listener of their own.
+hooks.disconnect(metrics)
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +47,7 @@ def _forget_operator_state() -> None:
     recorder.discard()
     feed.stop()
     hooks.shutting_down = False
+    hooks.draining = False
 
 
 # -- the Redis backend ---------------------------------------------------------------------

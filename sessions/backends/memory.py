@@ -160,6 +160,7 @@ class MemoryBackend(Backend):
         frame = live.bus.publish(event)
         if frame is not None and frame.id is not None:
             self.keep_reservation_ahead(live, frame.id)
+            self.hooks.event_published(live.session_id)
         return frame
 
     async def close_session(

@@ -201,6 +201,7 @@ class RedisBackend(RedisControlled):
     async def health(self) -> Health:
         try:
             store = self.store()
+            await store.ping()  # the reader may not have noticed an outage yet
             await store.wait_available(READER_RECOVERY_WAIT_S)
         except BackendUnavailableError as exc:
             return Health(False, (f"redis: {exc}",))
@@ -404,6 +405,7 @@ class RedisBackend(RedisControlled):
                 assert outcome.event_id is not None
                 assert outcome.epoch is not None
                 self._note_issued(live.session_id, outcome.event_id)
+                self.hooks.event_published(live.session_id)  # here, not in every mirror
                 return Published(outcome.event_id, outcome.epoch)
             if outcome.status == "closed":
                 return None

@@ -262,6 +262,11 @@ class RedisStore:
         except TimeoutError:
             raise BackendUnavailableError("this process's Redis reader is reconnecting") from None
 
+    async def ping(self) -> None:
+        """Check that Redis answers now (one PING). Raises :class:`BackendUnavailableError`."""
+        with _unavailable_as_error():
+            await self.client.ping()
+
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
         with _unavailable_as_error():

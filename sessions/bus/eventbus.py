@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -297,6 +298,7 @@ class EventBus:
         self._next_id = event_id + 1
         self._ring.append(frame)  # drops the oldest past a limit, O(1) per event
         self._counters.published += 1
+        frame.accepted_at = time.monotonic()
         evicted: list[tuple[Subscription, str]] = []
         for sub in self._subscribers:
             reason = sub._push(frame)

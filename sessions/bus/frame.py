@@ -74,6 +74,9 @@ class Frame(Mapping[str, Any]):
             the data could not be serialized (EB-2) or for a synthetic frame whose bytes
             the writer produces itself (synthetic frames get a timestamp at write time).
         nbytes: ``len(json)`` (0 when ``json`` is None): what counts against the byte caps.
+        accepted_at: ``time.monotonic()`` when a bus of this process accepted the event
+            (``publish`` or ``ingest``); 0.0 for a synthetic frame. Operators measure the
+            delivery latency from it.
 
     A frame built by :meth:`from_json` holds no parsed fields: reading a key parses
     ``json`` each time (nothing is cached, so the frame's memory stays ``nbytes`` plus a
@@ -81,7 +84,7 @@ class Frame(Mapping[str, Any]):
     ``type`` and ``json``.
     """
 
-    __slots__ = ("_fields", "id", "json", "nbytes", "type")
+    __slots__ = ("_fields", "accepted_at", "id", "json", "nbytes", "type")
 
     def __init__(self, fields: dict[str, Any], json: bytes | None) -> None:
         self._fields: Mapping[str, Any] | None = MappingProxyType(fields)
@@ -89,6 +92,7 @@ class Frame(Mapping[str, Any]):
         self.type: str = fields["type"]
         self.json = json
         self.nbytes = len(json) if json is not None else 0
+        self.accepted_at = 0.0
 
     @classmethod
     def from_json(cls, event_id: int, event_type: str, json: bytes) -> Frame:
@@ -100,6 +104,7 @@ class Frame(Mapping[str, Any]):
         frame.type = event_type
         frame.json = json
         frame.nbytes = len(json)
+        frame.accepted_at = 0.0
         return frame
 
     @property
@@ -137,13 +142,31 @@ def parse_json(raw: bytes) -> Any:
     return orjson.loads(raw)
 
 
-def synthetic_frame(event_type: str, data: Any) -> Frame:
+def synthetic_frame(event_type: str, data: Any, *, retry_ms: int | None = None) -> Frame:
     """Build a synthetic frame ``{"v": 1, "type": event_type, "data": data}`` (no id).
 
     Its ``json`` is ``None``: the writer serializes it when it writes it, adding
-    ``_meta.serverTimestamp`` (EB-18). Never raises for a str ``event_type``.
+    ``_meta.serverTimestamp`` (EB-18). With ``retry_ms`` it is a :class:`RetryFrame`: the
+    writer starts its block with ``retry: <retry_ms>``. Never raises for a str
+    ``event_type``.
     """
-    return Frame({"v": EVENT_SCHEMA_VERSION, "type": event_type, "data": data}, None)
+    fields = {"v": EVENT_SCHEMA_VERSION, "type": event_type, "data": data}
+    if retry_ms is not None:
+        return RetryFrame(fields, retry_ms)
+    return Frame(fields, None)
+
+
+class RetryFrame(Frame):
+    """A synthetic frame whose block carries a ``retry:`` line ahead of ``event:``, so a
+    client sets its reconnection time before it handles the frame (the drain's
+    ``server_draining``). ``retry_ms``: milliseconds. Its own class, so that no other
+    frame (the ring holds many) pays for the slot."""
+
+    __slots__ = ("retry_ms",)
+
+    def __init__(self, fields: dict[str, Any], retry_ms: int) -> None:
+        super().__init__(fields, None)
+        self.retry_ms = retry_ms
 
 
 def disconnect_frame(reason: str) -> Frame:

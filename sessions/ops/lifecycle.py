@@ -18,6 +18,11 @@ What "never lose them on a clean shutdown" means here
     on its row too (``Backend.flush_all``), so the admin's fallback numbers
     are the final ones. The sequence, :func:`shutdown`, runs on the loop:
 
+    0. the graceful drain (:func:`drain`): ``/readyz`` turns 503, new streams get
+       ``stream_error`` (``server_draining``) and a jittered ``retry:``, and the open
+       streams end one by one spread over ``DRAIN_S`` seconds, each with the same
+       terminal frame and its own jittered ``retry:``: their clients resume on the other
+       processes without a reconnect storm;
     1. wait until every open stream has recorded its end, at most
        :data:`SHUTDOWN_TIMEOUT_S`; close those still open as ``server_shutdown``;
     2. write every pending record, then save each loaded session's counters.
@@ -25,19 +30,24 @@ What "never lose them on a clean shutdown" means here
     How the streams come to an end, and where the sequence is hooked:
 
     - granian (``python -m qwenweb.serve``), and any server sending the ASGI lifespan:
-      :class:`LifespanApp` attaches the loop at ``lifespan.startup``; granian sends
-      ``lifespan.shutdown`` as soon as its worker gets SIGTERM, and the app then runs the
-      sequence with ``end_streams`` (every stream gets its terminal frame first).
-    - Twisted (daphne, ``serve``, ``runserver``): daphne's own ``before shutdown``
-      trigger cancels every application instance (each stream records
+      :class:`LifespanApp` attaches the loop at ``lifespan.startup``. granian's main
+      process would stop its workers at once on SIGTERM (a worker closes its listener
+      first), so ``qwenweb.granian_server`` sends each worker :data:`DRAIN_SIGNAL` first
+      (the drain, while it listens) and the SIGTERM ``DRAIN_S`` + 1 s later; the worker's
+      ``lifespan.shutdown`` then runs (or joins) the sequence.
+    - Any server that installed SIGINT/SIGTERM handlers (Twisted for daphne, ``serve``
+      and ``runserver --noreload``; uvicorn): ours wraps them. On the first signal the
+      sequence runs while the server still listens (the drain, then
+      ``bus.disconnect_all("server_shutdown")`` for any straggler), and only then is the
+      server's own handler called, so the server starts its shutdown with every stream
+      ended and everything written. A second signal goes to the server at once (uvicorn:
+      force quit; Twisted: stop now, without the rest of the drain).
+    - Twisted, stopped some other way (``reactor.stop()``): daphne's own ``before
+      shutdown`` trigger cancels every application instance (each stream records
       ``server_shutdown`` in its ``finally``); ours, another ``before shutdown``
-      trigger, runs the sequence, and the reactor waits for both before it stops.
-    - Any other server that installed SIGINT/SIGTERM handlers (uvicorn): ours wraps
-      them. On the first signal it ends every stream with a terminal frame
-      (``bus.disconnect_all("server_shutdown")``: clients reconnect after ``retry``),
-      runs the sequence, and only then calls the server's own handler, so the server
-      starts its shutdown with everything written. A second signal goes to the server
-      at once (uvicorn: force quit). uvicorn must be told to stop this way because after
+      trigger, runs the sequence without a drain window, and the reactor
+      waits for both before it stops.
+    - uvicorn must be told to stop this way because after
       a SIGTERM it re-raises the signal with its default action, which ends the process
       without running ``atexit``.
     - In every case, an ``atexit`` hook writes whatever is still pending synchronously,
@@ -53,10 +63,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import random
 import signal
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
@@ -66,11 +78,14 @@ from sessions.backends import get_backend
 from sessions.hooks import Listener, hooks
 from sessions.ops.feed import feed
 from sessions.ops.records import recorder
+from sessions.transport.stream import drain_frame, drain_retry_ms
 
 __all__ = [
+    "DRAIN_SIGNAL",
     "SHUTDOWN_TIMEOUT_S",
     "Lifecycle",
     "LifespanApp",
+    "drain",
     "flush_at_exit",
     "lifespan_app",
     "listener",
@@ -81,6 +96,11 @@ logger = logging.getLogger("qwenweb.lifecycle")
 
 SHUTDOWN_TIMEOUT_S: Final = 10.0
 """Upper bound of the wait for the streams to record their end at shutdown."""
+
+DRAIN_SIGNAL: Final = signal.SIGUSR1
+"""The signal that starts the graceful drain without stopping the process (:func:`drain`)."""
+
+_random = random.SystemRandom()  # jitter only; no secret depends on it
 
 
 class Lifecycle(Listener):
@@ -94,7 +114,7 @@ class Lifecycle(Listener):
         self._atexit_registered = False
         self._hooked_loops: set[int] = set()
         self._signalled = False
-        self._shutdown_tasks: set[asyncio.Task[None]] = set()
+        self._shutdown_tasks: set[asyncio.Task[Any]] = set()
         self._installed: dict[int, Any] = {}
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -110,8 +130,10 @@ class Lifecycle(Listener):
         if not self._atexit_registered:
             atexit.register(flush_at_exit)
             self._atexit_registered = True
-        if not _hook_twisted(loop):
-            self._hook_signals(loop)
+        # Twisted (daphne) too: its own "before shutdown" trigger cancels every stream at
+        # once, so the drain must run before the reactor is told to stop.
+        _hook_twisted(loop, lambda: self._signalled)
+        self._hook_signals(loop)
 
     def _hook_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run :func:`shutdown` before the server's own SIGINT/SIGTERM handlers (uvicorn).
@@ -119,6 +141,9 @@ class Lifecycle(Listener):
         Only on the main thread, and only for a signal whose current handler a server
         installed (a Python callable other than ``signal.default_int_handler``); the
         defaults and ``SIG_IGN`` are left alone (``atexit`` covers a plain Ctrl-C).
+        Also makes :data:`DRAIN_SIGNAL` (SIGUSR1, when nobody else handles it) start the
+        drain alone, without stopping: ``python -m qwenweb.serve`` sends it to granian's
+        workers on SIGTERM while they still listen (``qwenweb.granian_server``).
         """
         if threading.current_thread() is not threading.main_thread():
             return
@@ -128,6 +153,25 @@ class Lifecycle(Listener):
                 handler = self.chained_handler(loop, previous)
                 self._installed[sig] = handler
                 signal.signal(sig, handler)
+        if signal.getsignal(DRAIN_SIGNAL) == signal.SIG_DFL:
+            signal.signal(DRAIN_SIGNAL, self.drain_handler(loop))
+
+    def drain_handler(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """A signal handler that starts :func:`drain` (``DRAIN_S``) on ``loop``, once."""
+
+        def start() -> None:
+            if hooks.draining:
+                return
+            logger.info("drain_requested signal=%s", DRAIN_SIGNAL.name)
+            task = loop.create_task(drain(get_backend().config.drain_s), name="qwenweb-drain")
+            self._shutdown_tasks.add(task)
+            task.add_done_callback(self._shutdown_tasks.discard)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(start)
+
+        return handler
 
     def chained_handler(self, loop: asyncio.AbstractEventLoop, previous: Any) -> Any:
         """A signal handler: the first signal starts :func:`shutdown` on ``loop`` and calls
@@ -185,43 +229,88 @@ _running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None
 """The shutdown sequence running on each loop (a second caller joins it)."""
 
 
-async def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S, *, end_streams: bool = False) -> None:
+async def shutdown(
+    timeout_s: float = SHUTDOWN_TIMEOUT_S,
+    *,
+    end_streams: bool = False,
+    drain_s: float | None = None,
+) -> None:
     """The clean-shutdown sequence on the loop (see the module docstring). Never raises.
 
-    With ``end_streams``, first end every subscriber of every loaded bus with a terminal
-    frame (``disconnect_all("server_shutdown")``), for servers that do not cancel their
-    streams themselves. From here on, streams record their end as ``server_shutdown``.
+    First the graceful drain (:func:`drain`, over ``drain_s`` seconds, default
+    ``DRAIN_S``): readiness turns 503, new streams are refused, open streams end spread
+    over the window. Then every subscriber still attached (none, unless one slipped in
+    while the drain listed them) gets a terminal frame
+    (``disconnect_all("server_shutdown")``). From the start on, streams record their end
+    as ``server_shutdown``. ``end_streams`` is kept for the callers that ask for that last
+    step explicitly (servers that do not cancel their streams themselves): it always runs.
 
     The one place that ends the streams and flushes the records at shutdown: the signal
     hook, the ASGI lifespan (:class:`LifespanApp`) and Twisted's trigger all call it. A
     call made while the sequence already runs on this loop (a signal and then
-    ``lifespan.shutdown``) waits for that run instead of starting a second one; a call
-    with ``end_streams`` still ends the streams first.
+    ``lifespan.shutdown``) waits for that run instead of starting a second one, and does
+    not end the streams itself: a ``lifespan.shutdown`` that comes at once must not cut
+    the drain short.
     """
+    del end_streams  # the sequence always ends what the drain left (see above)
     loop = asyncio.get_running_loop()
     running = _running.get(loop)
     if running is not None and not running.done():
-        if end_streams:
-            get_backend().end_all_streams("server_shutdown")
         await asyncio.shield(running)
         return
-    task = loop.create_task(_sequence(timeout_s, end_streams), name="qwenweb-shutdown-sequence")
+    task = loop.create_task(_sequence(timeout_s, drain_s), name="qwenweb-shutdown-sequence")
     _running[loop] = task
     await asyncio.shield(task)
 
 
-async def _sequence(timeout_s: float, end_streams: bool) -> None:
+async def _sequence(timeout_s: float, drain_s: float | None) -> None:
     hooks.shutting_down = True
     backend = get_backend()
     try:
-        if end_streams:
-            backend.end_all_streams("server_shutdown")
+        await drain(backend.config.drain_s if drain_s is None else drain_s)
+        backend.end_all_streams("server_shutdown")
         written = await recorder.drain(timeout_s)
         await backend.flush_all()
         logger.info("shutdown_flushed records=%d sessions=%d", written, len(backend.registry))
         await backend.aclose()
     except Exception:
         logger.exception("shutdown_flush_failed")
+
+
+async def drain(drain_s: float) -> int:
+    """End every open stream of this process, spread over ``drain_s`` seconds; return how many.
+
+    Sets ``hooks.draining`` first (``/readyz`` 503; the stream route refuses new streams
+    with ``stream_error`` ``server_draining``; for good: a drained process is expected to
+    stop). The open streams, in random order, each
+    end at its own moment of the window (one per ``drain_s / n`` slice, uniformly within
+    it) with the terminal frame :func:`~sessions.transport.stream.drain_frame` and a
+    ``retry:`` drawn from ``DRAIN_RETRY_MS``: their clients come back to the other
+    processes spread over the window, never in one burst. Never raises.
+    """
+    hooks.draining = True
+    hooks.shutting_down = True  # the process is going away: its streams end server_shutdown
+    backend = get_backend()
+    streams = [
+        (live, subscription)
+        for live in backend.registry.values()
+        for subscription in live.bus.subscriptions()
+    ]
+    if not streams:
+        return 0
+    _random.shuffle(streams)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    logger.info("drain_started streams=%d drain_s=%g", len(streams), drain_s)
+    ended = 0
+    for index, (live, subscription) in enumerate(streams):
+        delay = start + drain_s * (index + _random.random()) / len(streams) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        retry_ms = drain_retry_ms()
+        ended += live.bus.disconnect(subscription, "server_draining", frame=drain_frame(retry_ms))
+    logger.info("drain_finished streams=%d took_s=%.2f", ended, loop.time() - start)
+    return ended
 
 
 def flush_at_exit() -> None:
@@ -239,8 +328,12 @@ def flush_at_exit() -> None:
         logger.info("exit_flushed records=%d", written)
 
 
-def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
-    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``."""
+def _hook_twisted(loop: asyncio.AbstractEventLoop, signalled: Callable[[], bool]) -> bool:
+    """Add a ``before shutdown`` trigger if a Twisted reactor drives ``loop``.
+
+    It runs :func:`shutdown` unless a signal already ran it (``signalled()``): the chained
+    signal handler stops the reactor only once the sequence is done.
+    """
     if "twisted.internet.reactor" not in sys.modules:
         return False
     from twisted.internet import reactor as installed
@@ -251,7 +344,10 @@ def _hook_twisted(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
     def before_shutdown() -> Any:
-        return Deferred.fromFuture(loop.create_task(shutdown()))
+        if signalled():
+            return None
+        # daphne cancels every stream itself meanwhile: nothing is left to spread out.
+        return Deferred.fromFuture(loop.create_task(shutdown(drain_s=0)))
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     return True

@@ -66,6 +66,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("qwenweb.records")
+stream_logger = logging.getLogger("qwenweb.stream")  # the one line per closed stream
 
 INCIDENT_TYPES: Final = frozenset({"slow_client_warning", "client_evicted"})
 """Synthetic frame types that get one :class:`~sessions.models.SubscriberIncident` row."""
@@ -157,6 +158,19 @@ class ConnectionRecord(ConnectionObserver):
             self.end_detail = detail[:200]
         elif reason == SubscriberConnection.EndReason.CLIENT_EVICTED and not self.evictions_written:
             self.end_detail = "client_evicted frame never written"
+        stream_logger.info(
+            "stream_closed session=%s subscriber=%s reason=%s detail=%s duration_s=%.3f "
+            "frames=%d bytes=%d auth=%s client=%s",
+            self.session_id,
+            self.label,
+            reason,
+            self.end_detail,
+            (self.closed_at - self.opened_at).total_seconds(),
+            self.frames_sent,
+            self.bytes_sent,
+            self.auth,
+            self.client_addr or "-",
+        )
         self.recorder.connection_closed(self)
 
     def _special_frame(self, frame_type: str, payload: str, data: dict[str, Any]) -> None:

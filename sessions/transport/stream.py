@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -61,6 +62,7 @@ from sessions.bus import (
     DEFAULT_MAX_QUEUED,
     MAX_QUEUED_MAX,
     MAX_QUEUED_MIN,
+    Frame,
     SubscriberLimitExceededError,
     Subscription,
     synthetic_frame,
@@ -81,7 +83,13 @@ from sessions.wire import (
     sanitize_for_log,
 )
 
-__all__ = ["LIMIT_RETRY_MS", "SessionEventStream"]
+__all__ = [
+    "DRAIN_RETRY_MS",
+    "LIMIT_RETRY_MS",
+    "SessionEventStream",
+    "drain_frame",
+    "drain_retry_ms",
+]
 
 logger = logging.getLogger("qwenweb.stream")
 
@@ -92,6 +100,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 LIMIT_RETRY_MS: Final = 5000
 """``retry:`` (ms) of the EB-16 answer when the subscriber limit is reached."""
+DRAIN_RETRY_MS: Final = (1000, 3000)
+"""Range (ms) of the jittered ``retry:`` of a stream ended or refused by the drain: clients
+of one process never come back in step (docs/protocol.md, "Graceful drain")."""
 _STREAM_HEADERS: Final = (
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -175,6 +186,9 @@ class SessionEventStream:
             return
         session_id = scope["url_route"]["kwargs"]["session_id"]
         cors = _cors(scope, headers)
+        if self.hooks.draining:
+            await self._draining(send, session_id, cors)
+            return
         backend = self.backend
         if self._peer_timeouts is None:  # half-open peers: the kernel's TCP_USER_TIMEOUT
             self._peer_timeouts = PeerTimeouts(backend.config.peer_timeout_s)
@@ -403,6 +417,26 @@ class SessionEventStream:
         )
         await send({"type": "http.response.body", "body": encode_retry(LIMIT_RETRY_MS) + frame})
 
+    async def _draining(self, send: Send, session_id: str, cors: list[tuple[bytes, bytes]]) -> None:
+        """A new stream while the server drains: 200, a jittered ``retry:``, one
+        ``stream_error`` (``server_draining``), end. The client reconnects after it,
+        through the load balancer, to a process that is ready."""
+        retry_ms = drain_retry_ms()
+        logger.info(
+            "stream_refused session=%s reason=server_draining retry_ms=%d",
+            sanitize_for_log(session_id),
+            retry_ms,
+        )
+        frame, _ = self.encoder.synthetic(drain_frame(retry_ms))  # with its `retry:` line
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*_STREAM_HEADERS, *cors],
+            }
+        )
+        await send({"type": "http.response.body", "body": frame})
+
     async def _reject(
         self,
         send: Send,
@@ -411,6 +445,7 @@ class SessionEventStream:
         reject: ApiError,
         cors: list[tuple[bytes, bytes]],
     ) -> None:
+        self.hooks.request_rejected(reject.status, reject.code)
         logger.warning(
             "stream_rejected session=%s status=%d code=%s error=%s client=%s%s",
             sanitize_for_log(session_id),
@@ -435,6 +470,30 @@ class SessionEventStream:
         cors = _cors(scope, headers, preflight_methods=("GET", "HEAD", "POST", "OPTIONS"))
         await send({"type": "http.response.start", "status": 204, "headers": cors})
         await send({"type": "http.response.body", "body": b""})
+
+
+def drain_retry_ms() -> int:
+    """A reconnection time drawn uniformly from :data:`DRAIN_RETRY_MS` (ms)."""
+    low, high = DRAIN_RETRY_MS
+    return low + secrets.randbelow(high - low + 1)
+
+
+def drain_frame(retry_ms: int) -> Frame:
+    """The terminal frame of a stream the drain ends or refuses (``server_draining``).
+
+    Shape: ``{"v": 1, "type": "stream_error", "data": {"error": ..., "code":
+    "server_draining", "retryAfterMs": retry_ms}}``; its block starts with ``retry:
+    <retry_ms>`` (a ``RetryFrame``), so every client reconnects after its own time.
+    """
+    return synthetic_frame(
+        "stream_error",
+        {
+            "error": "the server is shutting down; reconnect",
+            "code": "server_draining",
+            "retryAfterMs": retry_ms,
+        },
+        retry_ms=retry_ms,
+    )
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -23,6 +23,7 @@ from sessions.backends.base import BackendUnavailableError
 from sessions.conf import get_config
 from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
+from sessions.hooks import hooks
 from sessions.wire import sanitize_for_log
 
 __all__ = ["api_error_response", "api_view", "enforce_csrf", "error_response"]
@@ -45,6 +46,7 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JsonRe
 
 
 def _fail(request: HttpRequest, exc: ApiError) -> JsonResponse:
+    hooks.request_rejected(exc.status, exc.code)
     logger.warning(
         "api_rejected method=%s path=%s status=%d code=%s error=%s%s",
         request.method,

@@ -122,7 +122,8 @@ def synthetic_payload(frame: Frame) -> tuple[bytes, bytes]:
     ``data_json`` is the compact JSON written on the frame's ``data:`` line, exactly: the
     envelope with ``_meta`` replaced by ``{"serverTimestamp": <epoch ms now>}``. The wire
     bytes are ``event: <type>\ndata: <data_json>\n\n``, with no ``id`` line, so the frame
-    never moves a client's cursor (SC-9). An observer can keep ``data_json`` without
+    never moves a client's cursor (SC-9); a frame with ``retry_ms`` starts with
+    ``retry: <ms>\n`` (the drain's ``server_draining``). An observer can keep ``data_json`` without
     parsing the wire bytes back.
 
     Never raises for a synthetic frame made by the bus or the route; raises FramingError
@@ -131,7 +132,11 @@ def synthetic_payload(frame: Frame) -> tuple[bytes, bytes]:
     envelope = dict(frame)
     envelope["_meta"] = {"serverTimestamp": time.time_ns() // 1_000_000}
     data_json = orjson.dumps(envelope)
-    return encode_frame(event_type=frame.type, data_json=data_json), data_json
+    wire = encode_frame(event_type=frame.type, data_json=data_json)
+    retry_ms = getattr(frame, "retry_ms", None)  # a RetryFrame
+    if retry_ms is not None:  # in the same block: set before the frame is handled
+        wire = encode_retry(retry_ms).removesuffix(b"\n") + wire
+    return wire, data_json
 
 
 def encode_synthetic(frame: Frame) -> bytes:

@@ -400,8 +400,13 @@ def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]
 
 
 def records(logs: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
-    """The captured records whose message contains ``text``."""
-    return [r for r in logs.records if text in r.getMessage()]
+    """The captured records whose message contains ``text``, leaving out the one summary
+    line per closed stream (``stream_closed ... reason=<how it ended>``), which repeats it."""
+    return [
+        r
+        for r in logs.records
+        if text in r.getMessage() and not r.getMessage().startswith("stream_closed ")
+    ]
 
 
 async def burst(session_id: str, count: int, event_type: str = "burst") -> None:

@@ -47,6 +47,9 @@ def server_env(database_path: Path, **extra: str) -> dict[str, str]:
     non-test database. The PostgreSQL runs cover the in-process tests.
     """
     env = os.environ.copy()
+    # A server stopped with open streams drains them over DRAIN_S (default 10 s); tests
+    # that stop servers must not wait that long (stop_process kills after 10 s).
+    env.setdefault("QWENWEB_DRAIN_S", "1")
     env.update(
         DATABASE_URL=f"sqlite:///{database_path}",
         DJANGO_SETTINGS_MODULE="qwenweb.settings",

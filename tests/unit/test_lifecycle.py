@@ -58,3 +58,14 @@ async def test_second_signal_goes_to_the_server_at_once(listener):
     assert calls == [signal.SIGINT]  # at once, before the first one's sequence ended
     async with asyncio.timeout(2):
         await both.wait()  # the first signal reaches the server after its sequence
+
+
+async def test_drain_signal_starts_the_drain_without_the_shutdown(listener):
+    loop = asyncio.get_running_loop()
+    handler = listener.drain_handler(loop)
+    handler(lifecycle.DRAIN_SIGNAL, None)
+    async with asyncio.timeout(2):
+        while not hooks.draining:
+            await asyncio.sleep(0)  # the handler hands the start to the loop
+    assert hooks.draining
+    hooks.draining = False
