@@ -87,6 +87,10 @@ _READ_COUNT: Final = 1000
 _BACKOFF_START_S: Final = 0.1
 _BACKOFF_MAX_S: Final = 5.0
 _CLOSE_RECANCEL_S: Final = 0.1
+#: Connections of a process's command pool. A command that finds all of them busy waits
+#: (at most ``_COMMAND_TIMEOUT_S``) for one to come back, instead of failing at once
+#: ("Too many connections": a burst of stream opens answered 503 under granian).
+_POOL_SIZE: Final = 100
 
 #: The errors that mean "Redis is not there right now" (not a bug in our commands).
 _UNAVAILABLE: Final = (
@@ -172,12 +176,15 @@ class RedisStore:
         self.process_ttl_s = process_ttl_s
         self.process_uid = secrets.token_hex(8)
         self.loop = asyncio.get_running_loop()
-        self.client = redis_asyncio.Redis.from_url(
+        pool = redis_asyncio.BlockingConnectionPool.from_url(
             url,
+            max_connections=_POOL_SIZE,
+            timeout=_COMMAND_TIMEOUT_S,
             socket_connect_timeout=_CONNECT_TIMEOUT_S,
             socket_timeout=_COMMAND_TIMEOUT_S,
             retry_on_timeout=False,
         )
+        self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
         self._publish_script = self.client.register_script(PUBLISH_LUA)
         self._ensure_script = self.client.register_script(ENSURE_LUA)
         self._restart_script = self.client.register_script(RESTART_LUA)
