@@ -22,7 +22,7 @@ from tests.browser.conftest import (
     number_in,
     screenshot,
 )
-from tests.support.backend import USING_REDIS, memory_only
+from tests.support.backend import memory_only, redis_only
 from tests.support.server import ServerProcess, request_json, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -164,7 +164,7 @@ def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     expect(page.locator("#transcript .marker-truncated")).to_contain_text(f"#{after[0]}")
 
 
-@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+@redis_only("the id sequence outlives the process there")
 def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:

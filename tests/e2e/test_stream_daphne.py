@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.support.backend import USING_REDIS, memory_only
+from tests.support.backend import memory_only, redis_only
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -146,7 +146,7 @@ async def test_restart_answers_old_cursor_with_resync_never_reused_ids(
         server.stop()
 
 
-@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+@redis_only("the id sequence outlives the process there")
 async def test_restart_with_redis_resumes_the_old_cursor_exactly(e2e_database, tmp_path) -> None:
     # The Redis backend: ids, epoch and the ring live in Redis; a restarted server serves them on.
     port = free_port()

@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     publish_many,
     records,
 )
-from tests.support.backend import USING_REDIS, memory_only
+from tests.support.backend import memory_only, redis_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -686,7 +686,7 @@ async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream
     assert stream.frames[0]["data"]["detail"] == "epoch_mismatch"
 
 
-@pytest.mark.skipif(not USING_REDIS, reason="Redis backend: the sequence outlives the process")
+@redis_only("the id sequence outlives the process there")
 async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session, stream_of):
     # the Redis backend: ids, epoch and the ring live in Redis, not in the process
     sid = await make_session()

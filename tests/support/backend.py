@@ -46,6 +46,14 @@ def memory_only(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(USING_REDIS, reason=f"memory backend internals: {reason}")
 
 
+def redis_only(reason: str) -> pytest.MarkDecorator:
+    """Skip a test of the Redis backend's behaviour when the run uses the memory backend
+    (``make test-redis`` runs it)."""
+    return pytest.mark.skipif(
+        not USING_REDIS, reason=f"runs under the Redis backend only (make test-redis): {reason}"
+    )
+
+
 def redis_url() -> str:
     return os.environ.get("QWENWEB_REDIS_URL", DEFAULT_REDIS_URL)
 
