@@ -20,7 +20,8 @@ from typing import Any
 
 from sessions.backends.base import Backend, Disconnected, LiveSession
 from sessions.backends.errors import BackendUnavailableError
-from sessions.backends.redis_store import RedisStore, read_reports_blocking, send_control_blocking
+from sessions.backends.redis_blocking import read_reports_blocking, send_control_blocking
+from sessions.backends.redis_store import RedisStore
 from sessions.backends.reports import make_report, merge_reports
 from sessions.backends.revocation import Revocation
 from sessions.bus import BusStats

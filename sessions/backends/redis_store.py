@@ -47,11 +47,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-import redis
 import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from sessions.backends.errors import BackendUnavailableError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
@@ -74,8 +71,6 @@ __all__ = [
     "RedisStore",
     "SessionHead",
     "SessionWindow",
-    "read_reports_blocking",
-    "send_control_blocking",
 ]
 
 logger = logging.getLogger("qwenweb.redis")
@@ -230,7 +225,7 @@ class RedisStore:
         """
         keys = [self.meta_key(session_id), self.stream_key(session_id)]
         new_epoch = secrets.token_urlsafe(12)
-        with _unavailable_as_error():
+        with unavailable_as_error():
             epoch, created = await self._ensure_script(keys=keys, args=[new_epoch, base_id])
         return _text(epoch), bool(created)
 
@@ -245,7 +240,7 @@ class RedisStore:
         """
         keys = [self.meta_key(session_id), self.stream_key(session_id)]
         new_epoch = secrets.token_urlsafe(12)
-        with _unavailable_as_error():
+        with unavailable_as_error():
             epoch, replaced = await self._restart_script(
                 keys=keys, args=[stale_epoch or "", new_epoch, base_id, known_last_id]
             )
@@ -260,7 +255,7 @@ class RedisStore:
         """
         if self.available:
             return
-        with _unavailable_as_error():
+        with unavailable_as_error():
             await self.client.ping()
         self._poke.set()
         try:
@@ -271,12 +266,12 @@ class RedisStore:
 
     async def ping(self) -> None:
         """Check that Redis answers now (one PING). Raises :class:`BackendUnavailableError`."""
-        with _unavailable_as_error():
+        with unavailable_as_error():
             await self.client.ping()
 
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
-        with _unavailable_as_error():
+        with unavailable_as_error():
             epoch, last, closed = await self.client.hmget(
                 self.meta_key(session_id), ["epoch", "last", "closed"]
             )
@@ -291,7 +286,7 @@ class RedisStore:
 
         Raises :class:`BackendUnavailableError`.
         """
-        with _unavailable_as_error():
+        with unavailable_as_error():
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.meta_key(session_id), ["epoch", "last", "closed"])
                 pipe.xrange(self.stream_key(session_id), "-", "+")
@@ -356,7 +351,7 @@ class RedisStore:
             FRAME_OVERHEAD_BYTES,
             TRIM_BATCH,
         ]
-        with _unavailable_as_error():
+        with unavailable_as_error():
             reply = await self._publish_script(keys=keys, args=args)
         status = _text(reply[0])
         if status == "ok":
@@ -375,7 +370,7 @@ class RedisStore:
         """Return the first result stored for ``key`` in the session (younger than
         ``ttl_s``), or None. Reads only. Raises :class:`BackendUnavailableError`."""
         idem, times = self.idempotency_keys(session_id)
-        with _unavailable_as_error():
+        with unavailable_as_error():
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hget(idem, key)
                 pipe.zscore(times, key)
@@ -398,7 +393,7 @@ class RedisStore:
                 async with asyncio.timeout(_CONNECT_TIMEOUT_S):
                     await self._subscribed.wait()
         payload = orjson.dumps({**message, "from": self.process_uid})
-        with _unavailable_as_error():
+        with unavailable_as_error():
             receivers = int(await self.client.publish(self.control_channel, payload))
         return max(0, receivers - (1 if self._subscribed.is_set() else 0))
 
@@ -407,7 +402,7 @@ class RedisStore:
         now = time.time()
         ttl_ms = max(1, int(self.process_ttl_s * 1000))
         key = f"{self.prefix}:proc:{self.process_uid}"
-        with _unavailable_as_error():
+        with unavailable_as_error():
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.set(key, orjson.dumps({**report, "process": self.process_uid}), px=ttl_ms)
                 pipe.zadd(f"{self.prefix}:procs", {self.process_uid: now})
@@ -417,11 +412,11 @@ class RedisStore:
 
     async def reports(self) -> list[dict[str, Any]]:
         """Return the reports of every live process (expired ones are gone)."""
-        with _unavailable_as_error():
+        with unavailable_as_error():
             uids = await self.client.zrange(f"{self.prefix}:procs", 0, -1)
             if not uids:
                 return []
-            raw = await self.client.mget(_report_keys(self.prefix, uids))
+            raw = await self.client.mget(report_keys(self.prefix, uids))
         return [orjson.loads(item) for item in raw if item is not None]
 
     # -- the reader -------------------------------------------------------------------------
@@ -617,62 +612,12 @@ class RedisStore:
             await self.client.aclose()
 
 
-def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[dict[str, Any]]:
-    """Return every live process's report, read with a short-lived synchronous client.
-
-    For threads without a store's loop (an admin view in a process that never built a
-    store): what :meth:`RedisStore.reports` returns, in two round-trips (``ZRANGE``,
-    ``MGET``) on one connection, closed before returning. Connecting and each command are
-    bounded by ``timeout_s`` and never retried, so a stuck Redis costs at most about
-    three times ``timeout_s``.
-
-    Raises:
-        BackendUnavailableError: Redis unreachable, or too slow to answer.
-    """
-    client = redis.Redis.from_url(
-        url,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        with _unavailable_as_error():
-            uids: Any = client.zrange(f"{prefix}:procs", 0, -1)
-            raw: Any = client.mget(_report_keys(prefix, uids)) if uids else []
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()  # and its pool's one connection
-    return [orjson.loads(item) for item in raw if item is not None]
-
-
-def send_control_blocking(
-    url: str, prefix: str, message: Mapping[str, Any], *, timeout_s: float
-) -> int:
-    """Publish one control message with a short-lived synchronous client; return how many
-    processes received it. For a process without a store's loop (a management command):
-    the ``from`` of the message is a fresh id, so every server process acts on it.
-
-    Raises:
-        BackendUnavailableError: Redis unreachable, or too slow to answer.
-    """
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-    )
-    payload = orjson.dumps({**message, "from": secrets.token_hex(8)})
-    try:
-        with _unavailable_as_error():
-            return int(client.publish(f"{prefix}:control", payload))
-    finally:
-        with contextlib.suppress(Exception):
-            client.close()
-
-
-def _report_keys(prefix: str, uids: Any) -> list[str]:
+def report_keys(prefix: str, uids: Any) -> list[str]:
     return [f"{prefix}:proc:{_text(uid)}" for uid in uids]
 
 
 @contextlib.contextmanager
-def _unavailable_as_error() -> Any:
+def unavailable_as_error() -> Any:
     try:
         yield
     except redis_errors.RedisError as exc:

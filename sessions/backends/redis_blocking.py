@@ -1,0 +1,72 @@
+"""Short-lived synchronous Redis clients, for threads and processes without a store's loop.
+
+An admin view in a process that never built a :class:`~sessions.backends.redis_store.RedisStore`
+reads the processes' reports here; a management command publishes a control message. Each
+call opens one connection, bounds connecting and every command by its ``timeout_s``, never
+retries, and closes the connection before returning. This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from sessions.backends.redis_store import report_keys, unavailable_as_error
+
+__all__ = ["read_reports_blocking", "send_control_blocking"]
+
+
+def _client(url: str, timeout_s: float) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Return every live process's report, read with a short-lived synchronous client.
+
+    For threads without a store's loop (an admin view in a process that never built a
+    store): what :meth:`RedisStore.reports` returns, in two round-trips (``ZRANGE``,
+    ``MGET``) on one connection, closed before returning. Connecting and each command are
+    bounded by ``timeout_s`` and never retried, so a stuck Redis costs at most about
+    three times ``timeout_s``.
+
+    Raises:
+        BackendUnavailableError: Redis unreachable, or too slow to answer.
+    """
+    client = _client(url, timeout_s)
+    try:
+        with unavailable_as_error():
+            uids: Any = client.zrange(f"{prefix}:procs", 0, -1)
+            raw: Any = client.mget(report_keys(prefix, uids)) if uids else []
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()  # and its pool's one connection
+    return [orjson.loads(item) for item in raw if item is not None]
+
+
+def send_control_blocking(
+    url: str, prefix: str, message: Mapping[str, Any], *, timeout_s: float
+) -> int:
+    """Publish one control message with a short-lived synchronous client; return how many
+    processes received it. For a process without a store's loop (a management command):
+    the ``from`` of the message is a fresh id, so every server process acts on it.
+
+    Raises:
+        BackendUnavailableError: Redis unreachable, or too slow to answer.
+    """
+    client = _client(url, timeout_s)
+    payload = orjson.dumps({**message, "from": secrets.token_hex(8)})
+    try:
+        with unavailable_as_error():
+            return int(client.publish(f"{prefix}:control", payload))
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
