@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
+import socket
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from sessions.auth import verify_token
+from sessions.management.commands import demo as demo_module
 from sessions.management.commands.demo import Command as DemoCommand
 from sessions.models import AgentSession
+from tests.support.server import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -72,3 +80,40 @@ def test_demo_reuses_its_open_demo_session_and_starts_a_new_one_once_it_is_close
     AgentSession.objects.filter(pk=first.id).update(status=AgentSession.Status.CLOSED)
     assert command._demo_session(user).id != first.id
     assert AgentSession.objects.filter(owner=user).count() == 2
+
+
+def test_demo_does_not_reuse_a_session_a_running_server_holds() -> None:
+    # A second demo (another port, same database) would get 503 session_held_elsewhere.
+    command = DemoCommand(stdout=io.StringIO())
+    user = command._demo_user()
+    first = command._demo_session(user)
+    held_until = timezone.now() + datetime.timedelta(seconds=30)
+    AgentSession.objects.filter(pk=first.id).update(held_by="h:1:t", held_until=held_until)
+    second = command._demo_session(user)
+    assert second.id != first.id
+    expired = timezone.now() - datetime.timedelta(seconds=1)
+    AgentSession.objects.filter(pk=first.id).update(held_until=expired)
+    assert command._demo_session(user).id in (first.id, second.id)  # newest free one
+
+
+def test_demo_refuses_a_port_that_is_taken() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"127.0.0.1:{port} is already in use"):
+            run("demo", "--port", str(port), "--no-agent")
+
+
+def test_demo_stops_with_an_error_when_its_server_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server that dies after coming up: the demo must not go on publishing into nothing.
+    script = "import sys, time; time.sleep(0.5); sys.exit(3)"
+    monkeypatch.setattr(demo_module.Command, "_wait_until_up", lambda self, base, server: None)
+    real_popen = subprocess.Popen
+
+    def dying_server(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        return real_popen([sys.executable, "-c", script], **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", dying_server)  # the demo command's server
+    with pytest.raises(CommandError, match="the server exited with status 3"):
+        run("demo", "--port", str(free_port()), "--tokens-per-s", "5")

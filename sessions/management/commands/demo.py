@@ -14,11 +14,16 @@ It prints how to trust the CA.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +34,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand, CommandError, call_command
 from django.core.management.base import CommandParser
+from django.utils import timezone
 
 from sessions.auth import issue_current_token
 from sessions.cli.devcert import LocalCertificate, make_local_certificate
@@ -38,6 +44,10 @@ from sessions.models import AgentSession
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - a local demo account, printed to the user
 DEMO_TITLE = "Demo agent session"
+#: The demo's server drains its streams for this long on Ctrl-C (production: DRAIN_S, 10 s).
+DEMO_DRAIN_S = "1"
+#: How long the demo waits for its server to stop before killing its process group.
+STOP_TIMEOUT_S = 30.0
 
 
 class Command(BaseCommand):
@@ -59,6 +69,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM stops the demo like Ctrl-C does, so the server it started is stopped too.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        _check_port_free(options["addr"], options["port"])
         call_command("migrate", verbosity=0, interactive=False)
         user = self._demo_user()
         session = self._demo_session(user)
@@ -116,41 +127,46 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
   {python} manage.py tail_session {session.id} --url {base} --token {read}
 {tls_note}"""
         )
+        env = {**os.environ, "QWENWEB_ACCESS_LOG_LEVEL": "WARNING"}
+        env.setdefault("QWENWEB_DRAIN_S", DEMO_DRAIN_S)
+        # Its own process group: Ctrl-C reaches this command, which stops the server (and
+        # granian's workers) in order; a server that does not stop is killed as a group.
         server = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
-            server_argv,
-            cwd=settings.BASE_DIR,
-            env={**os.environ, "QWENWEB_ACCESS_LOG_LEVEL": "WARNING"},
+            server_argv, cwd=settings.BASE_DIR, env=env, start_new_session=True
         )
+        watcher = _ServerWatcher(server)
         try:
             self._wait_until_up(base, server)
+            watcher.start()
             if options["no_agent"]:
                 server.wait()
-                return
-            self.stdout.write("demo agent: streaming (Ctrl-C stops everything)")
-            call_command(
-                "demo_agent",
-                session.id,
-                url=base,
-                token=publish,
-                tokens_per_s=options["tokens_per_s"],
-                loop=True,
-            )
+            else:
+                self.stdout.write("demo agent: streaming (Ctrl-C stops everything)")
+                call_command(
+                    "demo_agent",
+                    session.id,
+                    url=base,
+                    token=publish,
+                    tokens_per_s=options["tokens_per_s"],
+                    loop=True,
+                )
         except KeyboardInterrupt:
             pass
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            watcher.stopping = True
+            _stop_server(server)
+        if watcher.exited or (options["no_agent"] and server.returncode):
+            raise CommandError(f"the server exited with status {server.returncode}")
 
     def _demo_session(self, user: Any) -> AgentSession:
-        """The demo user's newest open demo session (a second `make demo` continues it,
-        with its history), else a new one."""
+        """The demo user's newest open demo session that no running server holds (a
+        second `make demo` continues its id; with the memory backend its events are gone
+        with the old process, so it starts a new epoch), else a new one."""
         session = (
             AgentSession.objects.filter(
                 owner=user, title=DEMO_TITLE, status=AgentSession.Status.OPEN
             )
+            .exclude(held_until__gt=timezone.now())
             .order_by("-created_at")
             .first()
         )
@@ -197,6 +213,52 @@ def _local_certificate(directory: Path) -> LocalCertificate:
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _check_port_free(addr: str, port: int) -> None:
+    """Raise CommandError when ``addr:port`` is taken (another demo, say): the demo would
+    otherwise find that server answering and publish into it."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As servers do: connections of an earlier run in TIME_WAIT do not count as taken.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((addr, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CommandError(
+                    f"{addr}:{port} is already in use (another demo?): choose another "
+                    f'port, e.g. make demo ARGS="--port {port + 1}"'
+                ) from None
+            raise CommandError(f"cannot listen on {addr}:{port}: {exc.strerror}") from None
+
+
+class _ServerWatcher(threading.Thread):
+    """Interrupts the demo (as Ctrl-C does) when its server exits on its own."""
+
+    def __init__(self, server: subprocess.Popen[bytes]) -> None:
+        super().__init__(name="demo-server-watcher", daemon=True)
+        self.server = server
+        self.stopping = False
+        self.exited = False
+
+    def run(self) -> None:
+        self.server.wait()
+        if not self.stopping:
+            self.exited = True
+            _thread.interrupt_main()
+
+
+def _stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server (it drains, then stops); after ``STOP_TIMEOUT_S`` kill its whole
+    process group, so no worker is left holding the port or the session."""
+    if server.poll() is None:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=STOP_TIMEOUT_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(server.pid, signal.SIGKILL)  # any worker left behind
+    server.wait()
 
 
 def _python_command() -> str:
