@@ -186,6 +186,8 @@ class Backend(ABC):
 
     #: Whether several server processes may share this backend's sessions.
     supports_multiple_processes: ClassVar[bool] = False
+    #: Whether a published event outlives this process (kept in a shared store).
+    events_outlive_process: ClassVar[bool] = False
     #: What log lines and settings call the backend.
     name: ClassVar[str] = "backend"
     #: What operator pages call its shared store ("Redis is unavailable").
@@ -207,6 +209,12 @@ class Backend(ABC):
         self.ring_budget = RingBudget(config.max_ring_bytes_total)
         self._background: set[asyncio.Task[Any]] = set()
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
+
+    def takes_publishes(self) -> bool:
+        """False while this process drains (``hooks.draining``) and its events live only
+        here: an event accepted then would be lost when the process exits, after every
+        stream ended (the publish view answers 503 ``draining``)."""
+        return self.events_outlive_process or not self.hooks.draining
 
     @property
     def process_id(self) -> str:

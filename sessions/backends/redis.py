@@ -125,6 +125,7 @@ class RedisBackend(RedisControlled):
     """Sessions shared by every server process through Redis (module docstring)."""
 
     supports_multiple_processes: ClassVar[bool] = True
+    events_outlive_process: ClassVar[bool] = True
     name: ClassVar[str] = "redis"
     store_label: ClassVar[str] = "Redis"
 

@@ -187,16 +187,19 @@ def idempotency_key(request: HttpRequest, kind: str) -> IdempotencyKey | None:
 
     Raises:
         ApiError: 400 ``invalid_idempotency_key`` (``header: "Idempotency-Key"``) when the
-            value is empty, longer than 128 characters or not printable ASCII.
+            value is empty, longer than 128 characters, not printable ASCII, or holds a
+            comma (two headers, which Django joins with one).
     """
     raw = request.headers.get("Idempotency-Key")
     if raw is None:
         return None
-    if not is_valid_key(raw):
+    # Two Idempotency-Key headers reach Django joined by a comma: refused, never one key.
+    if not is_valid_key(raw) or "," in raw:
         raise ApiError(
             400,
             "invalid_idempotency_key",
-            f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
+            "Idempotency-Key must be one header of 1 to "
+            f"{MAX_KEY_LENGTH} printable ASCII characters without a comma",
             header="Idempotency-Key",
             log_extra=f" value={sanitize_for_log(raw, 60)!r}",
         )

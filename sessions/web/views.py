@@ -13,6 +13,7 @@ routed in front of Django by ``qwenweb.asgi``.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
@@ -82,6 +83,12 @@ CAPABILITIES: Final = {
 _CREATE_FIELDS: Final = frozenset({"title", "ringSize"})
 
 
+def _printable(text: str) -> bool:
+    """No control character (NUL included: PostgreSQL's text refuses it; a newline or an
+    escape in a title would also reach the pages and the log lines)."""
+    return not any(unicodedata.category(char) == "Cc" for char in text)
+
+
 async def _authenticate(request: HttpRequest) -> Principal:
     """Who is calling (:func:`sessions.auth.authenticate`); a login session must also pass
     the CSRF check on unsafe methods."""
@@ -148,11 +155,11 @@ async def create_session(request: HttpRequest) -> HttpResponse:
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
     refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
     title = body.get("title", "")
-    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH:
+    if not isinstance(title, str) or len(title) > MAX_TITLE_LENGTH or not _printable(title):
         raise ApiError(
             400,
             "invalid_request",
-            "title must be a string of at most 200 characters",
+            "title must be a string of at most 200 characters without control characters",
             field="title",
         )
     ring_size = body.get("ringSize")
@@ -377,9 +384,11 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
 
     Needs ``publish`` access. 400 names the bad field; 409 when the session is closed;
     413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``; 429 ``rate_limited`` past the
-    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``. With an ``Idempotency-Key``
-    a repeat answers the first result (``Idempotent-Replayed: true``) and publishes
-    nothing; the key with another body is 422 ``idempotency_key_reused``. (``GET`` is the
+    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``; 503 ``draining`` while a
+    memory-backend process drains (the event would be lost with it). With an
+    ``Idempotency-Key`` a repeat answers the first result (``Idempotent-Replayed: true``,
+    over a quota too) and publishes nothing; the key with another body is 422
+    ``idempotency_key_reused``. (``GET`` is the
     stream, served by ``sessions.transport.stream`` in front of Django.)
     """
     session_id = _session_id_or_404(session_id)
@@ -395,10 +404,21 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
             return _published_response(replay)
         raise ApiError(409, "session_closed", "the session is closed") from None
     backend = get_backend()
+    if not backend.takes_publishes():
+        raise ApiError(
+            503,
+            "draining",
+            "the server is draining and keeps events in this process only: publish "
+            "again once it has restarted",
+        )
     try:
         backend.check_publish_quota(live, len(request.body))  # (a keyed retry counts too)
         published = await backend.publish(live, event, idempotency=idempotency)
     except QuotaExceededError as exc:
+        # A retry of a publish that already went through gets its first answer, not 429.
+        replay = await _recall(session_id, idempotency)
+        if replay is not None:
+            return _published_response(replay)
         raise quota_exceeded(exc) from None
     except IdempotencyKeyReusedError:
         assert idempotency is not None

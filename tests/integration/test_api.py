@@ -105,6 +105,8 @@ async def test_create_by_logged_in_user_with_csrf_makes_them_owner(make_user, op
     [
         ({"title": 5}, "title"),
         ({"title": "x" * 201}, "title"),
+        ({"title": "a\u0000b"}, "title"),
+        ({"title": "two\nlines"}, "title"),
         ({"ringSize": 0}, "ringSize"),
         ({"ringSize": 1_000_001}, "ringSize"),
         ({"ringSize": "8"}, "ringSize"),

@@ -59,6 +59,18 @@ async def test_a_bad_key_is_400_naming_the_header(make_session, key, logs):
     assert len([r for r in logs.records if "invalid_idempotency_key" in r.getMessage()]) == 1
 
 
+async def test_two_key_headers_are_400_not_one_joined_key(make_session):
+    # Django joins repeated headers with a comma: "k1,k2" must not become a third key.
+    sid = await make_session()
+    headers = [*bearer(issue_token(sid, ["publish"])).items()]
+    headers += [("idempotency-key", "k1"), ("idempotency-key", "k2")]
+    response = await call(
+        "POST", f"/session/{sid}/events", headers=headers, json_body={"type": "a"}
+    )
+    assert assert_error(response, 400, "invalid_idempotency_key")["header"] == "Idempotency-Key"
+    assert await publish_many(sid, 1) == [1]  # nothing was published
+
+
 async def test_keys_beyond_max_keys_are_forgotten_oldest_first(make_session, qwenweb_settings):
     qwenweb_settings(IDEMPOTENCY_MAX_KEYS=2)
     sid = await make_session()

@@ -41,6 +41,42 @@ async def test_publish_over_the_event_rate_is_429_naming_it_with_retry_after(
     assert (await publish_event(other, {"type": "a"})).status == 200
 
 
+async def test_a_retry_of_a_publish_that_went_through_is_answered_over_the_quota(
+    make_session: Any, qwenweb_settings: Any
+) -> None:
+    qwenweb_settings(PUBLISH_RATE_PER_S=0.5)  # a burst of 1 event
+    sid = await make_session()
+    headers = bearer(issue_token(sid, ["publish"])) | {"idempotency-key": "k-1"}
+    first = await call("POST", f"/session/{sid}/events", headers=headers, json_body={"type": "a"})
+    assert first.status == 200
+    retry = await call("POST", f"/session/{sid}/events", headers=headers, json_body={"type": "a"})
+    assert (retry.status, retry.json()) == (200, first.json())
+    assert retry.headers["idempotent-replayed"] == "true"
+    headers["idempotency-key"] = "k-2"  # a new publish is still over the quota
+    fresh = await call("POST", f"/session/{sid}/events", headers=headers, json_body={"type": "b"})
+    assert_error(fresh, 429, "rate_limited")
+
+
+async def test_publish_while_draining_is_503_under_the_memory_backend_only(
+    make_session: Any,
+) -> None:
+    from sessions.backends import get_backend
+
+    sid = await make_session()
+    backend = get_backend()
+    backend.hooks.draining = True
+    try:
+        response = await publish_event(sid, {"type": "a"})
+    finally:
+        backend.hooks.draining = False
+    if backend.events_outlive_process:  # Redis: the event outlives the draining process
+        assert response.status == 200
+    else:
+        assert_error(response, 503, "draining")
+        assert response.headers["retry-after"]
+        assert (await publish_event(sid, {"type": "b"})).json()["id"] == 1  # nothing taken
+
+
 async def test_publish_over_the_byte_rate_is_429_naming_it(
     make_session: Any, qwenweb_settings: Any
 ) -> None:
