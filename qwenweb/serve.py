@@ -38,16 +38,28 @@ SERVERS: Final = ("granian", "daphne")
 """The ``--server`` choices; the first is the default."""
 
 
+def setup_django() -> None:
+    """``django.setup()``; settings Django refuses to load (``ImproperlyConfigured``: e.g.
+    ``DJANGO_DEBUG=0`` without ``DJANGO_SECRET_KEY``) exit 2 with that one line."""
+    import django
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        django.setup()
+    except ImproperlyConfigured as exc:
+        _fail(str(exc))
+
+
 def check_configuration() -> None:
     """Run Django's system checks (``qwenweb.E001`` for bad ``QWENWEB`` settings included)
     before serving, as ``runserver`` does: bad values stop start-up with their message
-    (exit status 1) instead of turning every request into a 500."""
-    import django
+    (exit status 1) instead of turning every request into a 500. Settings Django refuses
+    to load (``ImproperlyConfigured``) exit 2 with one line."""
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError
     from django.db import connections
 
-    django.setup()
+    setup_django()
     try:
         call_command("check", fail_level="ERROR")
     except SystemCheckError as exc:
@@ -189,9 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         _fail(f"unknown option(s) for granian: {' '.join(rest)} (daphne's need --server daphne)")
-    import django
-
-    django.setup()
+    setup_django()
     # Before the system checks: they load the URLconf, whose `static()` calls fail
     # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
     static = static_mount()

@@ -162,7 +162,12 @@ class Lifecycle(Listener):
         def start() -> None:
             if hooks.draining:
                 return
-            logger.info("drain_requested signal=%s", DRAIN_SIGNAL.name)
+            # qwenweb.serve's main process sends it to each worker on SIGTERM (or SIGINT).
+            logger.info(
+                "drain_requested signal=%s drain_s=%g",
+                DRAIN_SIGNAL.name,
+                get_backend().config.drain_s,
+            )
             task = loop.create_task(drain(get_backend().config.drain_s), name="qwenweb-drain")
             self._shutdown_tasks.add(task)
             task.add_done_callback(self._shutdown_tasks.discard)

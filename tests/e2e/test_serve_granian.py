@@ -313,3 +313,14 @@ def test_bad_command_line_exits_2_naming_the_problem(
     result = run_serve(*args, env=server_env(e2e_database, QWENWEB_BACKEND="memory"))
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("server", ["granian", "daphne"])
+def test_settings_django_refuses_exit_2_with_one_line(e2e_database: Path, server: str) -> None:
+    env = server_env(e2e_database, DJANGO_DEBUG="0")
+    env.pop("DJANGO_SECRET_KEY", None)
+    result = run_serve("--server", server, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "qwenweb.serve: error: DJANGO_SECRET_KEY must be set when DJANGO_DEBUG=0"
+    ]
