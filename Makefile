@@ -51,14 +51,14 @@ test-postgres: $(STAMP)
 # The whole single-process suite again with the Redis backend, on the Redis at
 # QWENWEB_REDIS_URL (default redis://127.0.0.1:6379/0), under a key prefix of this run's
 # (qwtest-<random>); its keys are deleted afterwards, pass or fail. Never FLUSHDB.
-# The modules marked own_redis start Redis-backed servers of their own in `make test`
-# already; they are not run twice.
+# The tests marked own_backend start servers with a backend of their own (Redis clusters,
+# memory servers in network namespaces) and ran in `make test` already: not run twice.
 test-redis: $(STAMP)
 	$(PY) -m tests.support.backend check
 	prefix=qwtest-$$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n'); \
 	QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
 		tests/unit tests/integration tests/e2e tests/browser -p no:cacheprovider \
-		-m "not own_redis"; \
+		-m "not own_backend"; \
 	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.

@@ -278,6 +278,7 @@ def veth_server(
             browser_database,  # type: ignore[arg-type]
             DJANGO_ALLOWED_HOSTS=ns_ip,
             QWENWEB_HEARTBEAT_INTERVAL_S="1",
+            QWENWEB_BACKEND="memory",  # no Redis at the namespace's 127.0.0.1
         )
         log = tmp_path_factory.mktemp("logs") / f"netns-{port}.log"
         server = NamespacedServer(["ip", "netns", "exec", name, *argv], port, env, log, host=ns_ip)
@@ -291,6 +292,7 @@ def veth_server(
         subprocess.run(["ip", "netns", "del", name], check=False, timeout=20)
 
 
+@pytest.mark.own_backend
 def test_without_web_locks_the_tabs_share_through_the_lease_and_hand_over(
     context: BrowserContext, veth_server: NamespacedServer
 ) -> None:

@@ -183,6 +183,7 @@ def test_50_events_of_256_kib_of_empty_objects_grow_rss_by_at_most_80_mib(
     print(f"grown_mib={grown_mib:.1f}")
 
 
+@pytest.mark.own_backend
 def test_a_second_memory_process_on_the_database_does_not_serve_a_held_session(
     memory_server: ServerProcess, e2e_database: Path, tmp_path: Path
 ) -> None:
@@ -190,7 +191,10 @@ def test_a_second_memory_process_on_the_database_does_not_serve_a_held_session(
     assert session.publish("note", "first") >= 1  # the first process holds it now
     port = free_port()
     second = ServerProcess(
-        serve_argv(port), port, server_env(e2e_database), tmp_path / "second.log"
+        serve_argv(port),
+        port,
+        server_env(e2e_database, QWENWEB_BACKEND="memory"),
+        tmp_path / "second.log",
     ).start()
     try:
         url = f"{second.base_url}{session.events_path}"

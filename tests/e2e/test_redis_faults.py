@@ -53,7 +53,7 @@ from tests.support.server import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_redis, pytest.mark.asyncio]
+pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
 PREFIX = "qwtest-faults"
 #: Bound of every wait around an outage: the readers' reconnect backoff (<= 5 s), with room.

@@ -28,7 +28,7 @@ from tests.support.server import (
 )
 from tests.support.staff import StaffClient, staffed_database
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_redis, pytest.mark.asyncio]
+pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
 REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PROCESS_TTL_S = 2.0

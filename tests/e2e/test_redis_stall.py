@@ -35,7 +35,7 @@ from tests.support.server import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_redis, pytest.mark.asyncio]
+pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
 PREFIX = "qwtest-stall"
 STALL_BOUND_S = 15.0  # the publish answers after the 5 s command timeout
