@@ -123,8 +123,15 @@ class ServerProcess:
         """SIGKILL the server and every process of its tree at once (a crash of the whole
         server: granian's workers would outlive their main process otherwise)."""
         assert self.process is not None
-        _kill_all(self.pids())
+        pids = self.pids()
+        _kill_all(pids)
         self.process.wait(timeout=timeout_s)
+        # The workers are not our children: wait (bounded) until each is gone too, so a
+        # caller sees the crash complete (a scrape right after found a worker still alive).
+        deadline = time.monotonic() + timeout_s
+        while any(_running(pid) for pid in pids[1:]):
+            assert time.monotonic() < deadline, f"processes {pids[1:]} outlived SIGKILL"
+            time.sleep(0.01)
 
     def pids(self) -> list[int]:
         """The server process and all its descendants (granian's workers), while alive."""
@@ -166,6 +173,15 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie no longer does: its parent may never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _kill_all(pids: Sequence[int]) -> None:
