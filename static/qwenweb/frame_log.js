@@ -34,24 +34,24 @@ const SIGNAL_CLASSES = {
 };
 
 /** Create an element; `text` is set with textContent (never parsed as HTML). */
-function h(tag, className, text) {
+export function h(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
   if (text !== undefined && text !== null) node.textContent = String(text);
   return node;
 }
 
-function setText(node, text) {
+export function setText(node, text) {
   const value = String(text);
   if (node.textContent !== value) node.textContent = value;
 }
 
-function pad(number, width = 2) {
+export function pad(number, width = 2) {
   return String(number).padStart(width, "0");
 }
 
 /** "HH:MM:SS.mmm" in local time for epoch milliseconds; "—" when not a number. */
-function formatTime(ms) {
+export function formatTime(ms) {
   if (typeof ms !== "number" || !Number.isFinite(ms)) return "—";
   const d = new Date(ms);
   return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;

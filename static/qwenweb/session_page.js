@@ -38,7 +38,7 @@
  * this page's own subscriber among the others.
  */
 import { ConnectionWaitNotice, watchRequest } from "./connection_wait.js";
-import { Follower, FrameLog } from "./frame_log.js";
+import { Follower, FrameLog, formatTime, h, setText } from "./frame_log.js";
 import { PublishConsole } from "./publish_console.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable } from "./subscribers.js";
@@ -80,29 +80,7 @@ const REASONS = {
 
 // ---- small helpers ---------------------------------------------------------------------
 
-/** Create an element; `text` is set with textContent (never parsed as HTML). */
-function h(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  return node;
-}
-
-function setText(node, text) {
-  const value = String(text);
-  if (node.textContent !== value) node.textContent = value;
-}
-
-function pad(number, width = 2) {
-  return String(number).padStart(width, "0");
-}
-
-/** "HH:MM:SS.mmm" in local time for epoch milliseconds; "—" when not a number. */
-function formatTime(ms) {
-  if (typeof ms !== "number" || !Number.isFinite(ms)) return "—";
-  const d = new Date(ms);
-  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
-}
+// h, setText, formatTime: frame_log.js (one copy of the DOM helpers).
 
 function formatBytes(bytes) {
   if (typeof bytes !== "number" || !Number.isFinite(bytes)) return "?";
