@@ -146,7 +146,9 @@ async def test_sigterm_drains_streams_onto_the_other_process_spread_without_loss
     async with asyncio.timeout(WAIT_S + DRAIN_S):
         while not all(c.reconnected_at for c in clients):
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # a few more events after the last reconnect
+        mark = len(published)  # a few more events after the last reconnect
+        while len(published) < mark + 5:
+            await asyncio.sleep(0.05)
         stop_publishing.set()
         await publishing
         await asyncio.gather(*followers)
