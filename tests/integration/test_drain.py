@@ -22,6 +22,7 @@ def retry_values(body: bytes) -> list[int]:
 async def test_drain_ends_every_stream_with_server_draining_and_a_jittered_retry(
     make_session, stream_of
 ):
+    # EB-16 (stream_error + retry, the stream ends), EB-18; SC-11 keeps that retry
     sid = await make_session()
     streams = [await stream_of(sid) for _ in range(4)]
     await publish(sid, {"type": "note"})
@@ -62,6 +63,7 @@ async def test_drain_spreads_the_ends_over_the_window(make_session, stream_of):
 
 
 async def test_a_new_stream_while_draining_gets_server_draining_and_retry(make_session, stream_of):
+    # EB-16 (stream_error + retry, the stream ends), EB-18; SC-11 keeps that retry
     sid = await make_session()
     hooks.draining = True
     stream = await stream_of(sid)

@@ -120,6 +120,29 @@ async def test_bus_resync_after_byte_eviction_names_the_earliest_id() -> None:  
     assert stats.ring_bytes == sum(held_bytes(f) for f in bus.ring_snapshot())
 
 
+@pytest.mark.asyncio
+async def test_bus_resync_after_age_expiry_emptied_the_ring() -> None:  # EB-7
+    # Every event aged out: the cursor fell out of an empty ring, and the next id is the
+    # earliest a client can get.
+    clock = Clock()
+    bus = EventBus(8000, ring_max_age_s=10.0)
+    bus.ring._clock = clock
+    for _ in range(3):
+        bus.publish({"type": "t"})
+    clock.now += 11
+    sub = bus.subscribe(last_event_id=1)
+    frames = []
+    async with asyncio.timeout(2):
+        async for item in sub:
+            frames.append(item)
+            if item.type == "replay_complete":
+                break
+    assert frames[0].type == "state_resync_required"
+    assert frames[0]["data"]["reason"] == "ring_evicted"
+    assert frames[0]["data"]["earliestAvailableId"] == 4
+    assert frames[-1]["data"]["replayedCount"] == 0
+
+
 def test_budget_evicts_the_oldest_events_across_rings(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     size = held_bytes(frame(1, 1000))
