@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -140,48 +142,87 @@ def test_serve_refuses_to_start_with_bad_settings(env: dict[str, str], tmp_path:
 
 
 class _AnswerDroppingProxy:
-    """A TCP proxy on 127.0.0.1 that forwards the first connection's request and then
-    drops its answer (reads it from the server, closes the client's socket); later
-    connections are relayed both ways. Threads; every socket operation times out."""
+    """A TCP proxy on 127.0.0.1 that forwards the first connection's whole request (its
+    headers and ``Content-Length`` body, however the kernel splits them) and then drops
+    the answer (reads it from the server, closes the client's socket); later connections
+    are relayed both ways. Each connection gets its own thread, so a stuck one never stops
+    the accept loop; every socket operation times out and every socket is closed, also
+    when a step fails (``errors`` keeps what failed, for the assertion message)."""
 
     def __init__(self, upstream_port: int) -> None:
-        import socket
-        import threading
-
         self.upstream_port = upstream_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
         self.dropped = 0
+        self.errors: list[str] = []
+        self._first = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        import socket
-        import threading
-
         while not self._stop.is_set():
             try:
                 client, _ = self.listener.accept()
             except TimeoutError:
                 continue
+            except OSError:
+                return  # the listener was closed
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _handle(self, client) -> None:
+        client.settimeout(10)
+        try:
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
-            client.settimeout(10)
-            if self.dropped == 0:
+        except OSError as error:
+            self.errors.append(f"connect upstream: {error!r}")
+            client.close()
+            return
+        with self._first:
+            drop = self.dropped == 0
+            if drop:
                 self.dropped += 1
-                upstream.sendall(client.recv(65536))  # the whole POST (small)
-                upstream.recv(65536)  # the server answered: nobody hears it
-                client.close()
-                upstream.close()
-                continue
+        if not drop:
             for source, target in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pipe, args=(source, target), daemon=True).start()
+            return
+        try:
+            upstream.sendall(_read_request(client))
+            if not upstream.recv(65536):  # the server answered: nobody hears it
+                self.errors.append("the server closed without an answer")
+        except OSError as error:
+            self.errors.append(f"first request: {error!r}")
+        finally:
+            client.close()
+            upstream.close()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.listener.close()
+
+
+def _read_request(sock) -> bytes:
+    """One HTTP/1.1 request off ``sock``: up to the blank line, then ``Content-Length`` more."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"the client closed after {len(data)} bytes of headers")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"the client closed after {len(body)} of {length} body bytes")
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
 
 def _pipe(source, target) -> None:
@@ -210,6 +251,7 @@ def test_publisher_retry_after_a_lost_answer_publishes_once(daphne_server: Serve
     finally:
         publisher.close()
         proxy.close()
-    assert proxy.dropped == 1
+    assert proxy.dropped == 1, proxy.errors
+    assert proxy.errors == []
     events = [e for e in session.load()["events"] if e.get("type") == "note"]
     assert [e["id"] for e in events] == [first_id]
