@@ -24,6 +24,8 @@ from sessions.ops.metrics import metrics
 from sessions.ops.records import recorder
 from tests.support import backend
 
+pytest_plugins = ["tests.support.leaks"]  # a leaked socket fails the test that leaked it
+
 # The in-process tests run one event loop per test: the operator machinery (records
 # writer, dashboard feed, shutdown hooks) must not start on those loops and write at their
 # teardown. Tests of that machinery connect the lifecycle listener themselves.
