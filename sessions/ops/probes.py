@@ -48,8 +48,22 @@ Send = Callable[[Message], Awaitable[None]]
 CHECK_TIMEOUT_S: Final = 3.0
 """Upper bound of each readiness check (database, backend), seconds."""
 
-FORWARDING_HEADERS: Final = (b"forwarded", b"x-forwarded-for", b"x-real-ip", b"x-forwarded-host")
-"""Headers that say a proxy relayed the request: its address is then not the client's."""
+FORWARDING_HEADERS: Final = (
+    b"forwarded",  # RFC 7239
+    b"x-forwarded-for",
+    b"x-forwarded-host",
+    b"x-forwarded-proto",
+    b"x-real-ip",  # nginx
+    b"via",  # RFC 9110, section 7.6.3: any HTTP proxy
+    b"cf-connecting-ip",  # Cloudflare
+    b"true-client-ip",  # Akamai, Cloudflare Enterprise
+    b"fastly-client-ip",
+    b"x-client-ip",
+    b"x-cluster-client-ip",
+)
+"""Headers that say a proxy relayed the request: its address is then not the client's.
+(A proxy on an allowed address that adds none of them, e.g. nginx's ``proxy_pass`` with
+no ``proxy_set_header``, cannot be told apart: docs/operators.md says to use the token.)"""
 
 
 def _db_answers() -> None:

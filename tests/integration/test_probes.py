@@ -116,8 +116,12 @@ async def test_metrics_from_another_address_are_403(logs):
     assert len(records(logs, "probe_rejected")) == 1
 
 
-async def test_metrics_through_a_proxy_are_403_even_from_loopback():
-    response = await probe("/metrics", headers={"x-forwarded-for": "127.0.0.1"})
+@pytest.mark.parametrize(
+    "header", ["x-forwarded-for", "forwarded", "via", "cf-connecting-ip", "true-client-ip"]
+)
+async def test_metrics_through_a_proxy_are_403_even_from_loopback(header):
+    value = "for=127.0.0.1" if header == "forwarded" else "127.0.0.1"
+    response = await probe("/metrics", headers={header: value})
     assert_error(response, 403, "forbidden")
 
 
