@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+import orjson
+
 __all__ = [
     "MAX_KEY_LENGTH",
     "IdempotencyKey",
@@ -50,10 +52,17 @@ def request_digest(kind: str, body: bytes) -> str:
     """Return the digest that tells two requests with one key apart (hex SHA-256, 64 chars).
 
     ``kind`` is the endpoint (``"events"`` or ``"close"``), so a key reused across the two
-    is a different request; ``body`` the request body exactly as received (``/close``
-    ignores its body: pass ``b""``).
+    is a different request; ``body`` the request body as received (``/close`` ignores its
+    body: pass ``b""``). A body that is JSON counts by its value, not its bytes: a retry
+    that serialized the same object with its keys in another order or other whitespace
+    is the same request (RFC 8259 objects are unordered); ``1`` and ``1.0`` stay apart.
+    A body that is not JSON (refused later with 400 anyway) counts byte for byte.
     """
-    return hashlib.sha256(kind.encode() + b"\0" + body).hexdigest()
+    try:
+        canonical = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS) if body else b""
+    except orjson.JSONDecodeError:
+        canonical = b"\xff" + body  # (no JSON text starts with 0xFF: never a JSON body's)
+    return hashlib.sha256(kind.encode() + b"\0" + canonical).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,15 @@ async def test_the_key_with_another_body_is_422_and_publishes_nothing(make_sessi
     assert await publish_many(sid, 1) == [2]
 
 
+async def test_a_retry_with_the_same_json_in_another_key_order_is_the_same_request(make_session):
+    sid = await make_session()
+    first = await _post(sid, "events", "k", {"type": "a", "data": {"x": 1, "y": 2}})
+    again = await _post(sid, "events", "k", {"data": {"y": 2, "x": 1}, "type": "a"})
+    assert (again.status, again.json()) == (200, first.json())
+    assert again.headers["idempotent-replayed"] == "true"
+    assert await publish_many(sid, 1) == [2]
+
+
 async def test_different_keys_publish_twice(make_session):
     sid = await make_session()
     ids = [(await _post(sid, "events", k, {"type": "a"})).json()["id"] for k in ("x", "y")]

@@ -67,6 +67,21 @@ def test_close_and_publish_with_one_key_are_different_requests() -> None:
     assert request_digest("close", b"") != request_digest("events", b"")
 
 
+def test_a_body_counts_by_its_json_value_not_its_bytes() -> None:
+    # A retry that re-serialized the same event (another key order, other spacing) is the
+    # same request; another value, an int for a float, or a non-JSON body is not.
+    first = request_digest("events", b'{"type": "note", "data": {"a": 1, "b": [1, 2]}}')
+    same = request_digest("events", b'{"data":{"b":[1,2],"a":1},"type":"note"}\n')
+    assert first == same
+    for other in (
+        b'{"type": "note", "data": {"a": 1, "b": [2, 1]}}',
+        b'{"type": "note", "data": {"a": 1.0, "b": [1, 2]}}',
+        b'{"type": "note", "data": {"a": 1, "b": [1, 2]}',
+    ):
+        assert request_digest("events", other) != first, other
+    assert request_digest("events", b"[1,") != request_digest("events", b"[1, ")
+
+
 @pytest.mark.parametrize(
     ("raw", "valid"),
     [("a", True), ("~" * 128, True), ("550e8400-e29b-41d4-a716-446655440000", True),
