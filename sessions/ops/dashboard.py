@@ -27,7 +27,7 @@ from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 
 from sessions.auth import is_operator
 from sessions.backends import get_backend
@@ -61,7 +61,7 @@ def _staff_error(user: Any) -> JsonResponse | None:
     return None
 
 
-@require_GET
+@require_safe
 def home(request: HttpRequest) -> HttpResponse:
     """``GET /``: the dashboard for active staff; a redirect to the session list otherwise.
 
@@ -179,7 +179,7 @@ async def operator_events(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@require_GET
+@require_safe
 def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
     """``GET /ops/sessions/<id>/records``: the records of one session, newest first.
 

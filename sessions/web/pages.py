@@ -22,7 +22,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
 from sessions.auth import can_view, is_operator
 from sessions.backends import get_backend
@@ -38,7 +38,7 @@ __all__ = ["session_list", "session_page"]
 MAX_LISTED_SESSIONS: Final = 200
 
 
-@require_GET
+@require_safe
 @login_required
 def session_list(request: HttpRequest) -> HttpResponse:
     """``GET /sessions/``: the user's sessions, newest first (staff: everyone's).
@@ -88,7 +88,7 @@ def _live_stats(session_ids: list[str]) -> dict[str, BusStats]:
         return _UNAVAILABLE
 
 
-@require_GET
+@require_safe
 @login_required
 def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET /sessions/<id>/``: the live session page.

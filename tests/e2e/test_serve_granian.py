@@ -327,3 +327,26 @@ def test_settings_django_refuses_exit_2_with_one_line(e2e_database: Path, server
     assert result.stderr.strip().splitlines() == [
         "qwenweb.serve: error: DJANGO_SECRET_KEY must be set when DJANGO_DEBUG=0"
     ]
+
+
+def test_head_answers_carry_the_get_headers_and_no_body(
+    start: Callable[..., ServerProcess],
+) -> None:
+    # Django sends a HEAD answer's body; the server drops it (RFC 9110, 9.3.2).
+    import socket
+
+    server = start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"HEAD /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").lower().split("\r\n")
+    assert lines[0] == "http/1.1 200 ok", head
+    assert any(
+        line.startswith("content-length: ") and line != "content-length: 0" for line in lines
+    )
+    assert body == b""

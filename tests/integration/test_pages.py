@@ -123,6 +123,17 @@ async def test_session_list_shows_own_sessions_and_staff_sees_all(make_user, mak
     assert b"bob-1" in everyone.body
 
 
+@pytest.mark.parametrize("path", ["/sessions/", "/sessions/{sid}/", "/"])
+async def test_head_of_a_page_answers_like_get(make_user, make_session, path):
+    # require_safe, not require_GET: monitors and link checkers send HEAD (RFC 9110, 9.3.2).
+    # (The server drops the body of a HEAD answer: tests/e2e/test_serve_granian.py.)
+    staff = await make_user("root", is_staff=True)
+    path = path.format(sid=await make_session(owner=staff))
+    cookie = {"cookie": await login_cookie(staff)}
+    get, head = await call("GET", path, headers=cookie), await call("HEAD", path, headers=cookie)
+    assert (head.status, head.headers["content-type"]) == (200, get.headers["content-type"])
+
+
 async def test_root_redirects_to_the_session_list():
     response = await call("GET", "/")
     assert response.status == 302
