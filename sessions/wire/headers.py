@@ -54,7 +54,9 @@ def parse_epoch(raw: str | bytes | None) -> str | None:
 def sanitize_for_log(raw: str | bytes | None, limit: int = 64) -> str:
     """Make an untrusted header value safe to put in a one-line log message (EB-13).
 
-    Bytes are decoded as latin-1; None gives ``""``. Every character that is not
+    Bytes (a raw header value) are decoded as UTF-8, what browsers send, so an operator
+    reads ``é`` and not ``Ã©``; a byte that is not UTF-8 shows as ``\\xNN``. None gives
+    ``""``. Every character that is not
     printable is removed: control characters (category Cc: CR, LF, NUL, DEL, C1), and
     also format characters, line/paragraph separators, non-space blanks, surrogates,
     private-use and unassigned code points, so the result is one line and ``repr``
@@ -64,7 +66,7 @@ def sanitize_for_log(raw: str | bytes | None, limit: int = 64) -> str:
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    text = _header_text(raw)
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     if text is None:
         return ""
     if not text.isprintable():

@@ -522,8 +522,9 @@ def test_sanitize_for_log_removes_control_characters() -> None:
     assert sanitize_for_log("1\r\n2\x003\x7f4\x855\t6\u20287") == "1234567"
 
 
-def test_sanitize_for_log_decodes_bytes_as_latin1() -> None:
-    assert sanitize_for_log(b"id\xff\n") == "id\xff"
+def test_sanitize_for_log_decodes_bytes_as_utf8_and_shows_other_bytes_escaped() -> None:
+    assert sanitize_for_log("١٢é".encode()) == "١٢é"  # not mojibake ("Ù¡Ù¢Ã©")
+    assert sanitize_for_log(b"id\xff\n") == "id\\xff"
 
 
 def test_sanitize_for_log_clips_with_ellipsis() -> None:
