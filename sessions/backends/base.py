@@ -363,9 +363,12 @@ class Backend(ABC):
         """Attach a subscriber (EB-6, EB-7); return the live session used and the subscription.
 
         ``details`` (who, from where) are kept on the subscription for
-        :meth:`list_subscribers`. Raises ``SubscriberLimitExceededError`` (EB-6) and, for
-        a shared store, :class:`SessionClosedError` / :class:`BackendUnavailableError`.
+        :meth:`list_subscribers`. The bus is :meth:`caught_up` first, so the replay holds
+        every event issued before the call. Raises ``SubscriberLimitExceededError``
+        (EB-6) and, for a shared store, :class:`SessionClosedError` /
+        :class:`BackendUnavailableError`.
         """
+        live = await self.caught_up(live)
         subscription = live.bus.subscribe(
             last_event_id=last_event_id, max_queued=max_queued, epoch=epoch, label=label
         )

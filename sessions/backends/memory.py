@@ -39,7 +39,7 @@ from django.utils import timezone
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
-from sessions.bus import Frame, Subscription
+from sessions.bus import Frame
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.models import AgentSession
@@ -101,24 +101,9 @@ class MemoryBackend(Backend):
     ) -> Published | None:
         return self._publish_once(await self._current(live), event, idempotency)
 
-    async def subscribe(
-        self,
-        live: LiveSession,
-        *,
-        last_event_id: int | None = None,
-        max_queued: int,
-        epoch: str | None = None,
-        label: str = "-",
-        details: Mapping[str, Any] | None = None,
-    ) -> tuple[LiveSession, Subscription]:
-        return await super().subscribe(
-            await self._current(live),
-            last_event_id=last_event_id,
-            max_queued=max_queued,
-            epoch=epoch,
-            label=label,
-            details=details,
-        )
+    async def caught_up(self, live: LiveSession) -> LiveSession:
+        """``live``, or the session's new bus when ``live``'s was unloaded (idle) meanwhile."""
+        return await self._current(live)
 
     async def _current(self, live: LiveSession) -> LiveSession:
         """``live``, or the session's new bus if ``live``'s was unloaded (idle) meanwhile:

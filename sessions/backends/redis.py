@@ -64,7 +64,6 @@ from sessions.backends.redis_store import RedisStore, entry_json
 from sessions.bus import (
     EventBus,
     Frame,
-    Subscription,
     encode_envelope,
     envelope_fields,
     synthetic_frame,
@@ -453,38 +452,14 @@ class RedisBackend(RedisControlled):
 
     # -- subscribe: wait for the mirror to reach Redis's head ---------------------------
 
-    async def subscribe(
-        self,
-        live: LiveSession,
-        *,
-        last_event_id: int | None = None,
-        max_queued: int,
-        epoch: str | None = None,
-        label: str = "-",
-        details: Mapping[str, Any] | None = None,
-    ) -> tuple[LiveSession, Subscription]:
-        """First checks the session's head in Redis (closed, epoch): a mirror whose epoch
-        Redis no longer has is rebuilt (that is how a client learns of lost data:
-        ``epoch_reset``); then the mirror is waited for (at most ``CATCH_UP_TIMEOUT_S``)
-        until it has the last id Redis had issued, whatever the cursor, so replay and live
-        meet without loss or repeat on any process, a live-only stream starts after the
-        events published before it, and a cursor of another epoch replays them all (EB-13).
-        Raises as :meth:`Backend.subscribe`.
-        """
-        live = await self._ready_mirror(live)
-        return await super().subscribe(
-            live,
-            last_event_id=last_event_id,
-            max_queued=max_queued,
-            epoch=epoch,
-            label=label,
-            details=details,
-        )
-
     async def caught_up(self, live: LiveSession) -> LiveSession:
         """Waits, at most ``CATCH_UP_TIMEOUT_S``, until this process's mirror has the last
-        id Redis had issued (a mirror of an epoch Redis no longer has is rebuilt), so a
-        snapshot taken after a publish returned, on any process, includes that event.
+        id Redis had issued (a mirror of an epoch Redis no longer has is rebuilt: that is
+        how a client learns of lost data, ``epoch_reset``), whatever the cursor: a snapshot
+        taken after a publish returned, on any process, includes that event, and a
+        subscriber's replay and live meet without loss or repeat, a live-only stream
+        starts after the events published before it, and a cursor of another epoch
+        replays them all (EB-13).
 
         Raises:
             SessionClosedError: Redis says the session is closed.
