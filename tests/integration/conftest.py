@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from qwenweb.asgi import application
 from sessions.auth import issue_token
 from sessions.backends import get_backend
 from sessions.backends.base import LiveSession
+from sessions.conf import get_config
 from sessions.models import AgentSession
 from sessions.wire import ServerSentEvent, SSEParser
 from tests.support import backend
@@ -473,3 +475,17 @@ def assert_error(response: Response | Stream, status: int, code: str) -> dict[st
     if status == 401:
         assert response.headers.get("www-authenticate", "").startswith("Bearer"), response.headers
     return body
+
+
+@pytest_asyncio.fixture
+async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    """Select the Redis backend, whatever the run's, under a key prefix of its own; yield
+    the prefix; close the backend and delete its keys afterwards."""
+    prefix = f"qwtest-redis-{secrets.token_hex(4)}"
+    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
+    monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", prefix)
+    get_config.cache_clear()
+    yield prefix
+    await get_backend().aclose()
+    get_config.cache_clear()
+    backend.delete_run_keys(prefix, get_config().redis_url)

@@ -7,34 +7,17 @@ machine's Redis under a private key prefix.
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from sessions.backends import get_backend
 from sessions.bus.ring import FRAME_OVERHEAD_BYTES
-from sessions.conf import get_config
 from tests.integration.conftest import Stream, publish
 from tests.support import backend
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest_asyncio.fixture
-async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    """Select the Redis backend under a fresh key prefix; close it and delete the keys."""
-    prefix = f"qwtest-ring-{secrets.token_hex(4)}"
-    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
-    monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", prefix)
-    get_config.cache_clear()
-    yield prefix
-    await get_backend().aclose()
-    get_config.cache_clear()
-    backend.delete_run_keys(prefix, get_config().redis_url)
 
 
 async def _publish_blobs(session_id: str, count: int, size: int) -> list[int]:

@@ -9,13 +9,10 @@ one). The route is driven through the ASGI application, as in ``test_stream.py``
 from __future__ import annotations
 
 import asyncio
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import pytest_asyncio
-import redis
 
 from sessions.backends import get_backend
 from sessions.backends.redis import MIRROR_IDLE_UNLOAD_S
@@ -30,25 +27,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 StreamOf = Callable[..., Awaitable[Stream]]
 READER_LAG_S = 0.1
 CLOSE_WAIT_S = 2.0
-
-
-@pytest_asyncio.fixture
-async def redis_backend(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    """Select the Redis backend under a fresh key prefix; close it and delete the keys."""
-    prefix = f"qwtest-rt-{secrets.token_hex(4)}"
-    monkeypatch.setenv("QWENWEB_BACKEND", "redis")
-    monkeypatch.setenv("QWENWEB_REDIS_KEY_PREFIX", prefix)
-    get_config.cache_clear()
-    yield prefix
-    await get_backend().aclose()
-    get_config.cache_clear()
-    client = redis.Redis.from_url(get_config().redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*"))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 async def _forget_session_in_redis(session_id: str) -> None:
