@@ -672,6 +672,27 @@ describe("SC-12 frames with meaning for the client", () => {
     h.stream.close();
   });
 
+  test("the drain's stream_error carries retry: in its own block: the reconnect waits that long (SC-11)", T, async () => {
+    // What sessions.transport.stream.drain_frame() encodes: the retry field leads the
+    // terminal block itself, so it must be taken before the frame ends the connection.
+    const h = harness();
+    h.server.stream();
+    h.server.stream();
+    h.stream.start();
+    const call = await openCall(h, 1);
+    call.body.push(frame(3, "note"));
+    const drain = frame(null, "stream_error", { code: "server_draining", retryAfterMs: 7321 });
+    call.body.push("retry: 7321\n" + drain);
+    await h.waitState("reconnecting");
+    assert.ok(call.signal.aborted);
+    assert.deepEqual(h.log.delays, [7321]);
+    assert.equal(h.stream.retryMs, 7321, "kept for the connections after");
+    h.timers.fire();
+    const second = await openCall(h, 2);
+    assert.equal(second.headers.get("last-event-id"), "3");
+    h.stream.close();
+  });
+
   for (const code of ["token_revoked", "token_expired"]) {
     test(`stream_error ${code} reconnects with a fresh token and the cursor, never the old token`, T, async () => {
       const h = harness();
