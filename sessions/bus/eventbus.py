@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -296,9 +295,8 @@ class EventBus:
 
     def _deliver(self, frame: Frame, event_id: int) -> None:
         self._next_id = event_id + 1
-        self._ring.append(frame)  # drops the oldest past a limit, O(1) per event
+        self._ring.append(frame)  # sets accepted_at; drops the oldest past a limit, O(1)
         self._counters.published += 1
-        frame.accepted_at = time.monotonic()
         evicted: list[tuple[Subscription, str]] = []
         for sub in self._subscribers:
             reason = sub._push(frame)

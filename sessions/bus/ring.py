@@ -34,8 +34,9 @@ __all__ = ["BUDGET_LOW_WATER", "FRAME_OVERHEAD_BYTES", "Ring", "RingBudget", "he
 logger = logging.getLogger("qwenweb.bus")
 
 FRAME_OVERHEAD_BYTES: Final = 240
-"""What a ring entry costs beyond its JSON bytes: the frame object, the bytes object's
-header, its arrival time and the deque slot (measured with ``sys.getsizeof``, rounded up)."""
+"""What a ring entry costs beyond its JSON bytes: the frame object (its arrival time
+included), the bytes object's header and the deque slot (measured with ``sys.getsizeof``,
+rounded up)."""
 
 BUDGET_LOW_WATER: Final = 0.9
 """Over budget, the oldest events leave until the rings hold at most this share of it."""
@@ -121,7 +122,6 @@ class Ring:
 
     __slots__ = (
         "__weakref__",
-        "_at",
         "_budget",
         "_clock",
         "_frames",
@@ -148,7 +148,6 @@ class Ring:
         self.name = name
         self.nbytes = 0
         self._frames: deque[Frame] = deque()
-        self._at: deque[float] = deque()
         self._budget = budget
         self._clock = clock
         if budget is not None:
@@ -171,31 +170,32 @@ class Ring:
     @property
     def oldest_at(self) -> float:
         """When the oldest event entered (monotonic s); ``inf`` when empty."""
-        return self._at[0] if self._at else float("inf")
+        return self._frames[0].accepted_at if self._frames else float("inf")
 
     def append(self, frame: Frame) -> None:
         """Keep ``frame`` (the next id), then drop the oldest events past any limit.
 
-        The newest event always stays (a ring never empties itself on append), except
-        when the process budget needs its bytes.
+        Sets ``frame.accepted_at`` to the ring's clock: when it entered (the age limit and
+        the delivery latency both count from it; one clock read per event). The newest
+        event always stays (a ring never empties itself on append), except when the
+        process budget needs its bytes.
         """
         # held_bytes() and _drop_oldest() inlined: this runs once per published event.
+        now = frame.accepted_at = self._clock()
         size = frame.nbytes + FRAME_OVERHEAD_BYTES
-        frames, at = self._frames, self._at
+        frames = self._frames
         frames.append(frame)
-        at.append(self._clock())
         held = self.nbytes + size
         change = size
         while len(frames) > self.max_events or held > self.max_bytes:
             if len(frames) == 1:
                 break
             dropped = frames.popleft().nbytes + FRAME_OVERHEAD_BYTES
-            at.popleft()
             held -= dropped
             change -= dropped
         self.nbytes = held
         if self.max_age_s:
-            self.expire()
+            change -= self._expire_before(now - self.max_age_s)
         budget = self._budget
         if budget is not None:
             budget.total_bytes += change
@@ -206,12 +206,23 @@ class Ring:
         """Drop events older than ``max_age_s`` (no-op when 0); return how many."""
         if not self.max_age_s:
             return 0
-        cutoff = self._clock() - self.max_age_s
-        dropped = 0
-        while self._at and self._at[0] < cutoff:
-            self._drop_oldest()
-            dropped += 1
-        return dropped
+        before = len(self._frames)
+        self._budget_drop(self._expire_before(self._clock() - self.max_age_s))
+        return before - len(self._frames)
+
+    def _expire_before(self, cutoff: float) -> int:
+        """Drop the events that entered before ``cutoff``; return their bytes (not yet
+        taken off the budget: the caller does)."""
+        frames = self._frames
+        freed = 0
+        while frames and frames[0].accepted_at < cutoff:
+            freed += frames.popleft().nbytes + FRAME_OVERHEAD_BYTES
+        self.nbytes -= freed
+        return freed
+
+    def _budget_drop(self, size: int) -> None:
+        if self._budget is not None:
+            self._budget.total_bytes -= size
 
     def frames_after(self, cursor: int) -> Iterator[Frame]:
         """Iterate the frames with an id above ``cursor``, oldest first, in O(returned)."""
@@ -237,7 +248,6 @@ class Ring:
 
     def _drop_oldest(self) -> int:
         frame = self._frames.popleft()
-        self._at.popleft()
         size = held_bytes(frame)
         self.nbytes -= size
         if self._budget is not None:
