@@ -254,11 +254,6 @@ class Ring:
             self._budget.total_bytes -= size
         return size
 
-    def release(self) -> None:
-        """Drop every event (the bus closed or was unloaded): its bytes leave the budget."""
-        while self._frames:
-            self._drop_oldest()
-
     def __del__(self) -> None:
         # A ring dropped with its bus (unloaded, closed) gives its bytes back to the budget.
         budget = getattr(self, "_budget", None)
