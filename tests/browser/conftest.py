@@ -45,6 +45,7 @@ from tests.support.server import (
     runserver_argv,
     serve_argv,
     server_env,
+    stop_all,
 )
 from tests.support.tls import tls_argv
 
@@ -141,8 +142,7 @@ def start_server(
         return server.start()
 
     yield _start
-    for server in started:
-        server.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="session")

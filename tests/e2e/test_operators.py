@@ -33,6 +33,7 @@ from tests.support.server import (
     runserver_argv,
     serve_argv,
     server_env,
+    stop_all,
     wait_for,
 )
 from tests.support.staff import StaffClient, staffed_database
@@ -69,8 +70,7 @@ def start(database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProces
         return server.start()
 
     yield _start
-    for server in started:
-        server.stop()
+    stop_all(started)
 
 
 SHUTDOWN_BOUND_S = 15.0

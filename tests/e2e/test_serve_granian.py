@@ -38,6 +38,7 @@ from tests.support.server import (
     request_json,
     serve_argv,
     server_env,
+    stop_all,
     wait_for,
 )
 from tests.support.tls import client_context, tls_argv
@@ -65,8 +66,7 @@ def start(e2e_database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerPr
         return server.start()
 
     yield _start
-    for server in started:
-        server.stop()
+    stop_all(started)
 
 
 def established(port: int) -> list[str]:

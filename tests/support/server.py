@@ -190,6 +190,23 @@ def _kill_all(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_all(servers: Sequence[ServerProcess], timeout_s: float = 10.0) -> None:
+    """Stop every server at once: SIGTERM to all, then wait for each (SIGKILL after
+    ``timeout_s``), then SIGKILL what is left of their trees. Each drains ``DRAIN_S`` at
+    the same time as the others instead of one after another."""
+    trees = {}
+    for server in servers:
+        if server.process is not None and server.process.poll() is None:
+            trees[id(server)] = server.pids()
+            server.process.terminate()
+    deadline = time.monotonic() + timeout_s
+    for server in servers:
+        if id(server) in trees:
+            assert server.process is not None
+            stop_process(server.process, max(0.1, deadline - time.monotonic()))
+            _kill_all(trees[id(server)][1:])
+
+
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     """Stop ``process`` if it still runs: SIGTERM, then SIGKILL after ``timeout_s`` (bounded)."""
     if process.poll() is None:
@@ -246,8 +263,7 @@ def redis_cluster(
     try:
         yield start
     finally:
-        for server in started:
-            server.stop()
+        stop_all(started)
         delete_run_keys(prefix, redis_url)
 
 
