@@ -10,7 +10,7 @@ publishing on a plain-HTTP port of the same nginx).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.measure import (
     correctness,
@@ -24,16 +24,14 @@ from bench.measure import (
     spread,
     stream_spec,
 )
+from bench.plan import BenchContext
 from bench.servers import HTTP2_CONTENDERS, QW_SERVE, Server, make_certificate, serve_takes
-
-if TYPE_CHECKING:
-    from bench.run import Bench
 
 TRANSPORTS = ("h1-tls", "h2")
 SUBSCRIBERS = 64
 
 
-def http2_fanout(bench: Bench) -> None:
+def http2_fanout(bench: BenchContext) -> None:
     """Run scenario 8 and append its table to ``bench.tables``."""
     bench.log("S8 HTTP/2: 64 streams on one connection vs 64 HTTP/1.1 connections (TLS)")
     tls = make_certificate(bench.workdir)

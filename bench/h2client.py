@@ -13,15 +13,29 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
 
-if TYPE_CHECKING:
-    from bench.loadgen import Subscriber
+
+class Subscriber(Protocol):
+    """One stream's reader, as this module drives it (:class:`bench.loadgen.Subscriber`
+    is one): its response status, its end, and its body bytes with the arrival time."""
+
+    status: int
+    in_body: bool
+    terminal: str | None
+    ready: asyncio.Future[None]
+    done: asyncio.Future[None]
+
+    def body_received(self, data: bytes, now: int) -> None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
 
 STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 1024 * 1024 * 1024
@@ -40,7 +54,7 @@ def client_context(alpn: list[str]) -> ssl.SSLContext:
 class H2Streams(asyncio.Protocol):
     """One HTTP/2 connection carrying one SSE stream per subscriber."""
 
-    def __init__(self, subs: list[Subscriber], path: str, authority: str, headers: Any) -> None:
+    def __init__(self, subs: Sequence[Subscriber], path: str, authority: str, headers: Any) -> None:
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config=config)
         self.subs = subs
@@ -92,7 +106,7 @@ class H2Streams(asyncio.Protocol):
                 if event.data:
                     if not sub.ready.done():
                         sub.ready.set_result(None)
-                    sub._frames(event.data, now)
+                    sub.body_received(event.data, now)
             elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset) and sub:
                 sub.terminal = sub.terminal or (
                     "end_of_stream" if isinstance(event, h2.events.StreamEnded) else "reset"
@@ -127,7 +141,7 @@ def _resolve(sub: Subscriber) -> None:
             future.set_result(None)
 
 
-async def connect(spec: dict[str, Any], subs: list[Subscriber]) -> H2Streams:
+async def connect(spec: dict[str, Any], subs: Sequence[Subscriber]) -> H2Streams:
     """Open the connection and the streams; wait (bounded) until every stream is ready.
 
     Raises ``RuntimeError`` when the server did not choose ``h2`` by ALPN."""

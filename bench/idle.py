@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.measure import fmt, med, readline_bounded, rotations, spawn_loadgen, spread
+from bench.plan import BenchContext
 from bench.servers import FLOOR, Server
 
-if TYPE_CHECKING:
-    from bench.run import Bench
 
-
-def idle_memory(bench: Bench) -> None:
+def idle_memory(bench: BenchContext) -> None:
     """Run scenario 5 at each of the plan's stream counts; append its table."""
     bench.log("S5 idle memory")
     counts = bench.plan.idle_counts

@@ -121,7 +121,7 @@ class Subscriber(asyncio.Protocol):
             # subscriber by then (django-eventstream only once its generator runs).
             if not self.ready.done():
                 self.ready.set_result(None)
-            self._frames(data, now)
+            self.body_received(data, now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.terminal is None:
@@ -164,7 +164,7 @@ class Subscriber(asyncio.Protocol):
         del buf[:pos]
         return b"".join(out)
 
-    def _frames(self, data: bytes, now: int) -> None:
+    def body_received(self, data: bytes, now: int) -> None:
         if self.raw is not None and len(self.raw) < RAW_LIMIT:
             self.raw += data
         sse = self.sse

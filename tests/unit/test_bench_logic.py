@@ -42,7 +42,7 @@ def test_loadgen_counts_nchan_ids_that_do_not_go_up():
     async def feed() -> Subscriber:
         sub = Subscriber(0, 4, False, False, b"", nchan_ids=True)
         frames = [_frame("100:0", 1), _frame("100:1", 2), _frame("100:1", 3), _frame("x", 4)]
-        sub._frames(b"\n\n".join(frames) + b"\n\n", 10)
+        sub.body_received(b"\n\n".join(frames) + b"\n\n", 10)
         return sub
 
     sub = asyncio.run(feed())
