@@ -219,7 +219,7 @@ class EventStreamClient:
         """Seconds before the next attempt (SC-11): the server's ``retry`` after a stream
         that opened; after ``n`` failed attempts, uniform in ``[ceiling/2, ceiling]`` with
         ``ceiling = min(30 s, retry * 2**n)``, and never below ``retry`` (the browser
-        client's rule, static/qwenweb/sse.js ``computeReconnectDelayMs``)."""
+        client's rule, static/qwenweb/sse_backoff.js ``computeReconnectDelayMs``)."""
         base = self.retry_ms / 1000
         if self._failures == 0:
             return base

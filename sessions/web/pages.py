@@ -5,8 +5,9 @@ Routes (``sessions/urls.py``):
 - ``GET /sessions/`` — the logged-in user's sessions (staff see all), with a "new session"
   button that calls ``POST /session`` (login + CSRF, :mod:`sessions.web.views`).
 - ``GET /sessions/<id>/`` — the live session page: a template plus
-  ``static/qwenweb/session_page.js``, which reads the stream with ``fetch`` and the
-  hand-written parser of ``static/qwenweb/sse.js`` (SC-1 ... SC-13). Login required
+  ``static/qwenweb/session_page.js``, which reads the stream with ``fetch``, the
+  reconnecting client of ``static/qwenweb/sse.js`` and its hand-written parser
+  (``sse_parser.js``; SC-1 ... SC-13). Login required
   (redirect to ``LOGIN_URL``), owner or active staff; anyone else gets the 404 page of
   an unknown id.
 

@@ -106,7 +106,10 @@ def test_page_and_admin_get_their_js_and_css_from_the_production_entry_point(
             assert HASHED.search(ref) or not ref.endswith((".js", ".css")), ref
             check_static(base, ref, seen)
     assert any("admin/css/base." in path for path in seen)
-    assert any("qwenweb/sse." in path for path in seen)  # imported by session_page.js
+    # session_page.js imports shared_stream.js, which imports sse.js, which imports
+    # sse_parser.js: every level of imports is hashed and served.
+    assert any("qwenweb/sse." in path for path in seen)
+    assert any("qwenweb/sse_parser." in path for path in seen)
     # Django itself serves no /static/ with DEBUG off: what answered was granian's mount.
     status, _, _ = fetch(f"{base}/static/does-not-exist.js")
     assert status == 404

@@ -1,12 +1,16 @@
-// Tests of SessionEventStream (static/qwenweb/sse.js) against a fake fetch that returns real
-// Response objects with ReadableStream bodies. Rules: SC-9..SC-13 and EB-12..EB-19 of
+// Tests of SessionEventStream (static/qwenweb/sse.js, with sse_request.js and sse_backoff.js)
+// against a fake fetch that returns real Response objects with ReadableStream bodies. Rules: SC-9..SC-13 and EB-12..EB-19 of
 // docs/protocol.md.
 // No test waits on the wall clock: timers are injected and fired by hand, and `until()` only
 // yields to the event loop a bounded number of times.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { SessionEventStream, STATES, computeReconnectDelayMs, contentTypeEssence } from "../../static/qwenweb/sse.js";
+import * as sse from "../../static/qwenweb/sse.js";
+import { computeReconnectDelayMs } from "../../static/qwenweb/sse_backoff.js";
+import { contentTypeEssence, createParser } from "../../static/qwenweb/sse_parser.js";
+
+const { SessionEventStream, STATES } = sse;
 
 const T = { timeout: 5000 };
 const URL_ = "/session/s1/events";
@@ -921,5 +925,11 @@ describe("options and helpers", () => {
   test("contentTypeEssence ignores case, parameters and whitespace", T, () => {
     assert.equal(contentTypeEssence(" Text/Event-Stream ; charset=UTF-8"), "text/event-stream");
     assert.equal(contentTypeEssence(null), "");
+  });
+
+  test("sse.js re-exports the parser and the backoff formula (the shared spec takes createParser from it)", T, () => {
+    assert.equal(sse.createParser, createParser);
+    assert.equal(sse.contentTypeEssence, contentTypeEssence);
+    assert.equal(sse.computeReconnectDelayMs, computeReconnectDelayMs);
   });
 });

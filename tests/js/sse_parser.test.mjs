@@ -1,11 +1,11 @@
-// Tests of createParser (static/qwenweb/sse.js): the shared vectors, then own cases per rule
+// Tests of createParser (static/qwenweb/sse_parser.js): the shared vectors, then own cases per rule
 // SC-1..SC-8 of docs/protocol.md (WHATWG HTML §9.2.6).
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 import { pathToFileURL } from "node:url";
 
-import { createParser } from "../../static/qwenweb/sse.js";
+import { createParser } from "../../static/qwenweb/sse_parser.js";
 
 const T = { timeout: 5000 };
 // The vectors live in the project's shared folder beside the repository (../shared/ from its
