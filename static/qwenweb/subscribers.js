@@ -12,7 +12,7 @@
  * Every request is bounded (`REQUEST_TIMEOUT_MS`); a failed poll keeps the last rows,
  * greyed, and says why. Text from the server is only ever inserted as text.
  *
- * Exports the pure helpers (tested under Node: tests/js/subscribers.test.mjs) and
+ * Exports the pure helpers (tested under Node: tests/js/operator_tools.test.mjs) and
  * `SubscribersTable`, which needs a DOM.
  */
 
