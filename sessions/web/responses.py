@@ -32,7 +32,10 @@ logger = logging.getLogger("qwenweb.api")
 
 
 def api_error_response(error: ApiError) -> JsonResponse:
-    """Return ``error`` as a JSON response with its status and headers."""
+    """Return ``error`` as a JSON response with its status and headers, and count it
+    (:meth:`Hooks.request_rejected`: ``qwenweb_rejected_requests_total``): every JSON error
+    answer of a Django view is built here, so each is counted once."""
+    hooks.request_rejected(error.status, error.code)
     response = JsonResponse(error.payload(), status=error.status)
     for name, value in error_headers(error.status, error.retry_after_s):
         if name != b"content-type":
@@ -46,7 +49,6 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JsonRe
 
 
 def _fail(request: HttpRequest, exc: ApiError) -> JsonResponse:
-    hooks.request_rejected(exc.status, exc.code)
     logger.warning(
         "api_rejected method=%s path=%s status=%d code=%s error=%s%s",
         request.method,

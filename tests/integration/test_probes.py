@@ -170,3 +170,21 @@ async def test_rejected_requests_are_counted_by_code():
     after = (await probe("/metrics")).body.decode()
     name, labels = "qwenweb_rejected_requests_total", '{code="unauthorized"}'
     assert sample(after, name, labels) == sample(before, name, labels) + 1
+
+
+@pytest.mark.usefixtures("counting")
+async def test_every_json_error_answer_is_counted_once_405s_and_view_errors_too():
+    # A 405 of the API is answered before the view runs; a 400 by the view (ApiError):
+    # both go through api_error_response, which counts (once: no second count in _fail).
+    name = "qwenweb_rejected_requests_total"
+    before = (await probe("/metrics")).body.decode()
+    assert (await call("PUT", "/session")).status == 405
+    assert (await call("POST", "/session", json_body={"title": 5})).status in (400, 401)
+    after = (await probe("/metrics")).body.decode()
+    labels = '{code="method_not_allowed"}'
+    assert sample(after, name, labels) == sample(before, name, labels) + 1
+    total = sum(
+        sample(after, name, f'{{code="{code}"}}') - sample(before, name, f'{{code="{code}"}}')
+        for code in ("method_not_allowed", "invalid_request", "unauthorized", "invalid_field")
+    )
+    assert total == 2
