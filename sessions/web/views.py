@@ -83,10 +83,21 @@ CAPABILITIES: Final = {
 _CREATE_FIELDS: Final = frozenset({"title", "ringSize"})
 
 
+_TITLE_REFUSED: Final = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # bidi
+    "\u2028\u2029\ufeff"  # line and paragraph separators, byte order mark
+)
+"""Format characters a title may not hold: the bidirectional marks, embeddings, overrides
+and isolates (a title could turn the text around it in the lists: CVE-2021-42574's
+"Trojan Source"), the Unicode line breaks and the BOM. Other format characters stay
+(zero-width joiners build emoji and Indic text)."""
+
+
 def _printable(text: str) -> bool:
     """No control character (NUL included: PostgreSQL's text refuses it; a newline or an
-    escape in a title would also reach the pages and the log lines)."""
-    return not any(unicodedata.category(char) == "Cc" for char in text)
+    escape in a title would also reach the pages and the log lines) and none of
+    :data:`_TITLE_REFUSED`."""
+    return not any(unicodedata.category(char) == "Cc" or char in _TITLE_REFUSED for char in text)
 
 
 async def _authenticate(request: HttpRequest) -> Principal:
@@ -159,7 +170,8 @@ async def create_session(request: HttpRequest) -> HttpResponse:
         raise ApiError(
             400,
             "invalid_request",
-            "title must be a string of at most 200 characters without control characters",
+            "title must be a string of at most 200 characters without control characters, "
+            "bidirectional controls or line separators",
             field="title",
         )
     ring_size = body.get("ringSize")
@@ -332,16 +344,25 @@ async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
 def _query_int(request: HttpRequest, name: str, maximum: int) -> int | None:
     """The query parameter ``name`` as an integer in [1, ``maximum``], or None when absent.
 
-    Raises ``ApiError`` 400 ``invalid_request`` with ``field`` = ``name`` otherwise.
+    Raises ``ApiError`` 400 ``invalid_request`` with ``field`` = ``name`` otherwise, also
+    when it is given more than once (as for the stream's ``maxQueued``).
     """
-    raw = request.GET.get(name)
-    if raw is None:
+    values = request.GET.getlist(name)
+    if not values:
         return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 16 and 1 <= int(raw) <= maximum):
+    raw = values[0]
+    if not (
+        len(values) == 1
+        and raw.isascii()
+        and raw.isdigit()
+        and len(raw) <= 16
+        and 1 <= int(raw) <= maximum
+    ):
+        problem = "must be given once" if len(values) > 1 else "must be"
         raise ApiError(
             400,
             "invalid_request",
-            f"{name} must be an integer in [1, {maximum}]",
+            f"{name} {problem} an integer in [1, {maximum}]",
             field=name,
             limit=maximum,
         )

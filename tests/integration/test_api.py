@@ -107,6 +107,10 @@ async def test_create_by_logged_in_user_with_csrf_makes_them_owner(make_user, op
         ({"title": "x" * 201}, "title"),
         ({"title": "a\u0000b"}, "title"),
         ({"title": "two\nlines"}, "title"),
+        ({"title": "a\u202eb"}, "title"),  # right-to-left override
+        ({"title": "a\u2066b"}, "title"),  # left-to-right isolate
+        ({"title": "a\u2028b"}, "title"),  # line separator
+        ({"title": "\ufeffa"}, "title"),  # byte order mark
         ({"ringSize": 0}, "ringSize"),
         ({"ringSize": 1_000_001}, "ringSize"),
         ({"ringSize": "8"}, "ringSize"),
@@ -457,3 +461,18 @@ async def test_logged_in_non_owner_gets_the_404_of_an_unknown_session(
         method, f"/session/{uuid.uuid4()}{suffix}", headers=headers, json_body=body
     )
     assert assert_error(found, 404, "not_found") == assert_error(unknown, 404, "not_found")
+
+
+KEPT_TITLES = [
+    "👨\u200d👩\u200d👧 family",  # zero-width joiners
+    "مرحبا",
+    "क्\u200dष",
+    "dash: a–b",
+]
+
+
+@pytest.mark.parametrize("title", KEPT_TITLES)
+async def test_create_keeps_titles_in_any_script_with_joiners(title):
+    response = await call("POST", "/session", headers=_creator(), json_body={"title": title})
+    assert response.status == 201, response.body
+    assert response.json()["title"] == title

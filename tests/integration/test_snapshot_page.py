@@ -106,7 +106,8 @@ async def test_the_body_is_streamed_in_pieces_with_the_ring_bytes(make_session):
     ("query", "field"),
     [("limit=0", "limit"), ("limit=5001", "limit"), ("limit=ten", "limit"), ("limit=-1", "limit"),
      ("limit=", "limit"), ("before=0", "before"), ("before=1.5", "before"),
-     ("before=99999999999999999999", "before"), ("limit=%EF%BC%91", "limit")],
+     ("before=99999999999999999999", "before"), ("limit=%EF%BC%91", "limit"),
+     ("limit=1&limit=2", "limit"), ("before=5&before=5", "before")],
 )  # fmt: skip
 async def test_bad_limit_or_before_is_400_naming_the_field(make_session, query, field):
     sid = await make_session()
