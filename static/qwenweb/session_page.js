@@ -44,7 +44,7 @@
  */
 import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
-import { clip, describeEvent, isObject, serverTime } from "./envelopes.js";
+import { clip, describeEvent, isObject, serverTime, streamErrorText } from "./envelopes.js";
 import { FrameLog, formatTime, setText } from "./frame_log.js";
 import { PausedReaderWatch } from "./paused_reader.js";
 import { PublishConsole } from "./publish_console.js";
@@ -54,13 +54,6 @@ import { StatusPanel } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
-
-const DISCONNECT_REASONS = {
-  operator_disconnect: "an operator disconnected this reader",
-  server_shutdown: "the server is shutting down",
-  epoch_reset: "the server's copy of the session was reset",
-  mirror_gap: "the server's copy of the session fell behind",
-};
 
 class SessionPage {
   constructor(config, dom) {
@@ -304,13 +297,7 @@ class SessionPage {
       }
       case "stream_error": {
         note = `${data.error ?? "error"}${data.code ? ` (${data.code}${data.reason ? `: ${data.reason}` : ""})` : ""}; reconnecting`;
-        const why = DISCONNECT_REASONS[data.reason] ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
-        const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
-        this.panel.showSignal(
-          "error",
-          envelope,
-          `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`,
-        );
+        this.panel.showSignal("error", envelope, streamErrorText(data));
         break;
       }
       default:
