@@ -7,6 +7,7 @@
  * for a `stream_error`. No DOM, no state; used by session_page.js, transcript.js and
  * session_snapshot.js.
  */
+import { lookup } from "./lookup.js";
 import { formatBytes } from "./subscribers.js";
 
 const DISCONNECT_REASONS = {
@@ -56,7 +57,7 @@ export function describeEvent(envelope, rawLength) {
 
 /** The connection panel's words for a `stream_error` frame's data (`{error?, code?, reason?}`). */
 export function streamErrorText(data) {
-  const why = DISCONNECT_REASONS[data.reason] ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
+  const why = lookup(DISCONNECT_REASONS, data.reason) ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
   const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
   return `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`;
 }

@@ -21,6 +21,7 @@
  */
 import { clip, serverTime } from "./envelopes.js";
 import { formatTime, h, setText } from "./frame_log.js";
+import { lookup } from "./lookup.js";
 
 const NOTICE_MS = { info: 6000, error: 12000 };
 const REASONS = {
@@ -86,13 +87,16 @@ export class StatusPanel {
   renderSharing(stream) {
     if (this.sharing === null || stream === null) return;
     const how = stream.mode === "locks" ? "Web Locks" : stream.mode === "lease" ? "localStorage lease" : "";
-    const text = {
-      idle: "—",
-      electing: "joining the other tabs of this session…",
-      leader: `this tab holds the stream, shared with ${stream.tabs - 1} other tab(s) (${how})`,
-      follower: `shared: another tab holds the stream (${how})`,
-      own: "this tab's own stream (not shared)",
-    }[stream.role];
+    const text = lookup(
+      {
+        idle: "—",
+        electing: "joining the other tabs of this session…",
+        leader: `this tab holds the stream, shared with ${stream.tabs - 1} other tab(s) (${how})`,
+        follower: `shared: another tab holds the stream (${how})`,
+        own: "this tab's own stream (not shared)",
+      },
+      stream.role,
+    );
     this.sharing.dataset.role = stream.role;
     setText(this.sharing, text ?? stream.role);
   }
@@ -103,7 +107,7 @@ export class StatusPanel {
     const badge = this.dom.badge;
     badge.dataset.state = state;
     setText(badge, state);
-    const parts = [REASONS[info.reason] ?? info.reason ?? ""];
+    const parts = [lookup(REASONS, info.reason) ?? info.reason ?? ""];
     if (state === "open") parts[0] = `streaming since ${formatTime(Date.now())}`;
     else if (info.status) parts.push(`HTTP ${info.status}`);
     if (info.detail) parts.push(String(info.detail));
@@ -153,12 +157,16 @@ export class StatusPanel {
 
   /** The last signal of its kind ("warning", "evicted", "resync", "error"), with its time. */
   showSignal(kind, envelope, text) {
-    const target = {
-      warning: this.dom.lastWarning,
-      evicted: this.dom.lastEvicted,
-      resync: this.dom.lastResync,
-      error: this.dom.lastStreamError,
-    }[kind];
+    const target = lookup(
+      {
+        warning: this.dom.lastWarning,
+        evicted: this.dom.lastEvicted,
+        resync: this.dom.lastResync,
+        error: this.dom.lastStreamError,
+      },
+      kind,
+    );
+    if (target === undefined) return;
     setText(target, `${formatTime(serverTime(envelope) ?? Date.now())} · ${text}`);
     target.classList.remove("muted");
     target.classList.add("signal-set");
@@ -231,7 +239,7 @@ export class StatusPanel {
     this.noticeClearOn = clearOn;
     clearTimeout(this.noticeTimer);
     // A notice tied to states stays until it stops being true; others fade after a while.
-    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), NOTICE_MS[kind] ?? NOTICE_MS.info);
+    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), lookup(NOTICE_MS, kind) ?? NOTICE_MS.info);
   }
 
   hideNotice() {
