@@ -50,7 +50,7 @@ import { PausedReaderWatch } from "./paused_reader.js";
 import { PublishConsole } from "./publish_console.js";
 import { HttpError, TokenSource, fetchSnapshot } from "./session_requests.js";
 import { SnapshotSync } from "./session_snapshot.js";
-import { StatusPanel } from "./session_status.js";
+import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
@@ -194,11 +194,8 @@ class SessionPage {
     this.renderPanel();
   }
 
-  /** The stream's sharing changed: show it; say so when a control detached this tab. */
-  onRoleChange(role, info) {
-    if (role === "own" && info.reason === "pause") {
-      this.panel.notify("Pause reading: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.");
-    }
+  /** The stream's sharing changed: show it (the controls that detach this tab say so). */
+  onRoleChange() {
     this.panel.renderSharing(this.stream);
   }
 
@@ -313,11 +310,11 @@ class SessionPage {
     const { drop, pause, demo, maxQueuedForm } = this.dom;
     drop.addEventListener("click", () => {
       if (this.stream === null) return;
-      const shared = this.stream.role !== "own";
+      const { role, tabs } = this.stream;
       this.stream.drop();
       this.panel.notify(
         `Connection dropped; the client reconnects with Last-Event-ID after the retry delay.${
-          shared ? " This tab now reads a stream of its own; the other tabs of this session keep sharing theirs." : ""
+          role !== "own" ? ` This tab now reads a stream of its own${othersAfterDetach(role, tabs)}.` : ""
         }`,
         "info",
         ["open", "ended", "stopped"],
@@ -396,8 +393,12 @@ class SessionPage {
       this.panel.showResuming();
     }
     if (this.stream !== null) {
+      const { role, tabs } = this.stream;
       if (this.paused) this.stream.pause();
       else this.stream.resume();
+      if (role !== "own" && this.stream.role === "own") {
+        this.panel.notify(`Pause reading: this tab now reads a stream of its own${othersAfterDetach(role, tabs)}.`);
+      }
     }
     this.renderPanel();
   }
@@ -418,12 +419,13 @@ class SessionPage {
     }
     const cursor = this.stream !== null ? this.stream.lastEventId : "";
     const epoch = this.stream !== null ? this.stream.epoch : null;
+    const { role, tabs } = this.stream ?? { role: "own", tabs: 1 };
     // A maxQueued of this tab's is a stream of its own; the default shares again.
     this.openStream(cursor, epoch, { own: this.maxQueued !== undefined });
     this.panel.notify(
       this.maxQueued === undefined
-        ? "Reconnecting with the default maxQueued, shared with the other tabs of this session."
-        : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.`,
+        ? "Reconnecting with the default maxQueued, shared with any other tab of this session."
+        : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own${othersAfterDetach(role, tabs)}.`,
       "info",
       ["open", "ended", "stopped"],
     );

@@ -14,7 +14,8 @@
  *   maxQueued until the session ended);
  * - the banner (`#banner`: the session ended (204, EB-15), the stream stopped, the page
  *   cannot read the session) and the notices (`#notice`: they fade after 6 s, 12 s for an
- *   error, or stay until the stream reaches one of the states they were given).
+ *   error, or stay until the stream reaches one of the states they were given);
+ * - what leaving the shared stream means for the other tabs (`othersAfterDetach`).
  *
  * The page (session_page.js) owns the state it shows and passes it to `render()`. Text only
  * ever goes in with `textContent`.
@@ -47,6 +48,19 @@ const REASONS = {
   token_error: "could not obtain a token",
   internal_error: "client error",
 };
+
+/**
+ * What a tab leaving the shared stream (Drop, Pause reading, a maxQueued of its own) means
+ * for the other tabs, said after "this tab now reads a stream of its own": from the `role`
+ * and `tabs` of its stream (shared_stream.js) before it left. A follower leaves a leader
+ * and maybe more tabs behind, a leader its followers; a leader alone shared with nobody;
+ * while electing the others are not known yet; an own stream shared nothing.
+ */
+export function othersAfterDetach(role, tabs) {
+  if (role === "follower" || (role === "leader" && tabs > 1)) return "; the other tabs of this session keep sharing theirs";
+  if (role === "leader") return " (no other tab of this session shared it)";
+  return "";
+}
 
 /**
  * @typedef {object} PanelView  What `render()` shows (the page's state).
