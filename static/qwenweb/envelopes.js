@@ -3,10 +3,19 @@
  *
  * The snapshot and the stream carry envelopes `{id?, type, data, _meta?}` (docs/protocol.md,
  * "Frames"); `session_update` data are ACP shapes. These pure helpers read them: the text of
- * a content block, the server's timestamp, the one-line note of the frame log. No DOM, no
- * state; used by session_page.js, transcript.js and session_snapshot.js.
+ * a content block, the server's timestamp, the one-line note of the frame log, the words
+ * for a `stream_error`. No DOM, no state; used by session_page.js, transcript.js and
+ * session_snapshot.js.
  */
+import { lookup } from "./lookup.js";
 import { formatBytes } from "./subscribers.js";
+
+const DISCONNECT_REASONS = {
+  operator_disconnect: "an operator disconnected this reader",
+  server_shutdown: "the server is shutting down",
+  epoch_reset: "the server's copy of the session was reset",
+  mirror_gap: "the server's copy of the session fell behind",
+};
 
 /** Cut `text` to `length` characters, the last one an ellipsis when cut. */
 export function clip(text, length) {
@@ -44,4 +53,11 @@ export function describeEvent(envelope, rawLength) {
   }
   if (rawLength > 4096) note = `${formatBytes(rawLength)} · ${note}`;
   return note;
+}
+
+/** The connection panel's words for a `stream_error` frame's data (`{error?, code?, reason?}`). */
+export function streamErrorText(data) {
+  const why = lookup(DISCONNECT_REASONS, data.reason) ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
+  const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
+  return `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`;
 }

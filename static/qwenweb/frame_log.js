@@ -15,6 +15,8 @@
  * NDJSON, one `{"id", "type", "kind", "source", "time", "note"}` object per line).
  */
 
+import { lookup } from "./lookup.js";
+
 const MAX_LOG_ROWS = 2000;
 const FOLLOW_SLACK_PX = 48;
 const INCIDENT_TYPES = new Set([
@@ -158,7 +160,7 @@ export class FrameLog {
     row.dataset.type = type;
     if (id !== null) row.dataset.id = String(id);
     if (source) row.dataset.source = source;
-    const signal = SIGNAL_CLASSES[type];
+    const signal = lookup(SIGNAL_CLASSES, type);
     if (signal) row.classList.add(`row-${signal}`);
     const idCell = h("td", "num mono", id !== null ? id : kind === "synthetic" ? "◆" : "·");
     if (id === null) idCell.title = kind === "synthetic" ? "synthetic frame: no id, never moves the cursor" : "noted by this page";

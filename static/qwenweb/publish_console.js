@@ -26,6 +26,7 @@
  *     `slow_client_warning`, then `client_evicted`, and reconnects with its cursor (SC-12).
  *     The helper waits for those frames (bounded) and says what happened.
  */
+import { lookup } from "./lookup.js";
 import { boundedFetch, csrfToken, describeApiError, formatBytes, readJson } from "./subscribers.js";
 
 /** A new idempotency key: a UUID4 (`crypto.randomUUID`, or 122 random bits where the page
@@ -311,12 +312,12 @@ export class PublishConsole {
     if (this.page.isPaused() && !pausedByUs) {
       this.status(
         "ok",
-        `Stopped after ${sent} (${STOP_REASONS[why]}). Resume reading to see slow_client_warning, then client_evicted.`,
+        `Stopped after ${sent} (${lookup(STOP_REASONS, why)}). Resume reading to see slow_client_warning, then client_evicted.`,
       );
       return;
     }
     if (pausedByUs) this.page.setPaused(false);
-    this.status("busy", `Stopped publishing after ${sent} (${STOP_REASONS[why]}); reading the backlog…`);
+    this.status("busy", `Stopped publishing after ${sent} (${lookup(STOP_REASONS, why)}); reading the backlog…`);
     const expectEviction = run.evictedOnServer;
     await run.until(() => run.warnedOnPage && (run.evictedOnPage || !expectEviction), SHOW_WAIT_MS);
     if (run.warnedOnPage && run.evictedOnPage) {
@@ -329,7 +330,7 @@ export class PublishConsole {
     } else {
       this.status(
         "error",
-        `Stopped after ${sent} (${STOP_REASONS[why]}), and this page's stream showed no slow_client_warning: the buffers between the server and this page held everything. Set maxQueued to 16 and try again.`,
+        `Stopped after ${sent} (${lookup(STOP_REASONS, why)}), and this page's stream showed no slow_client_warning: the buffers between the server and this page held everything. Set maxQueued to 16 and try again.`,
       );
     }
   }

@@ -44,23 +44,16 @@
  */
 import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
-import { clip, describeEvent, isObject, serverTime } from "./envelopes.js";
+import { clip, describeEvent, isObject, serverTime, streamErrorText } from "./envelopes.js";
 import { FrameLog, formatTime, setText } from "./frame_log.js";
 import { PausedReaderWatch } from "./paused_reader.js";
 import { PublishConsole } from "./publish_console.js";
 import { HttpError, TokenSource, fetchSnapshot } from "./session_requests.js";
 import { SnapshotSync } from "./session_snapshot.js";
-import { StatusPanel } from "./session_status.js";
+import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
-
-const DISCONNECT_REASONS = {
-  operator_disconnect: "an operator disconnected this reader",
-  server_shutdown: "the server is shutting down",
-  epoch_reset: "the server's copy of the session was reset",
-  mirror_gap: "the server's copy of the session fell behind",
-};
 
 class SessionPage {
   constructor(config, dom) {
@@ -201,11 +194,8 @@ class SessionPage {
     this.renderPanel();
   }
 
-  /** The stream's sharing changed: show it; say so when a control detached this tab. */
-  onRoleChange(role, info) {
-    if (role === "own" && info.reason === "pause") {
-      this.panel.notify("Pause reading: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.");
-    }
+  /** The stream's sharing changed: show it (the controls that detach this tab say so). */
+  onRoleChange() {
     this.panel.renderSharing(this.stream);
   }
 
@@ -304,13 +294,7 @@ class SessionPage {
       }
       case "stream_error": {
         note = `${data.error ?? "error"}${data.code ? ` (${data.code}${data.reason ? `: ${data.reason}` : ""})` : ""}; reconnecting`;
-        const why = DISCONNECT_REASONS[data.reason] ?? (typeof data.reason === "string" ? data.reason.replace(/_/g, " ") : "");
-        const code = [data.code, data.reason].filter((part) => typeof part === "string").join(": ");
-        this.panel.showSignal(
-          "error",
-          envelope,
-          `${data.error ?? "the server ended the stream"}${why ? `: ${why}` : ""}${code ? ` (${code})` : ""}; reconnecting`,
-        );
+        this.panel.showSignal("error", envelope, streamErrorText(data));
         break;
       }
       default:
@@ -326,11 +310,11 @@ class SessionPage {
     const { drop, pause, demo, maxQueuedForm } = this.dom;
     drop.addEventListener("click", () => {
       if (this.stream === null) return;
-      const shared = this.stream.role !== "own";
+      const { role, tabs } = this.stream;
       this.stream.drop();
       this.panel.notify(
         `Connection dropped; the client reconnects with Last-Event-ID after the retry delay.${
-          shared ? " This tab now reads a stream of its own; the other tabs of this session keep sharing theirs." : ""
+          role !== "own" ? ` This tab now reads a stream of its own${othersAfterDetach(role, tabs)}.` : ""
         }`,
         "info",
         ["open", "ended", "stopped"],
@@ -409,8 +393,12 @@ class SessionPage {
       this.panel.showResuming();
     }
     if (this.stream !== null) {
+      const { role, tabs } = this.stream;
       if (this.paused) this.stream.pause();
       else this.stream.resume();
+      if (role !== "own" && this.stream.role === "own") {
+        this.panel.notify(`Pause reading: this tab now reads a stream of its own${othersAfterDetach(role, tabs)}.`);
+      }
     }
     this.renderPanel();
   }
@@ -431,12 +419,13 @@ class SessionPage {
     }
     const cursor = this.stream !== null ? this.stream.lastEventId : "";
     const epoch = this.stream !== null ? this.stream.epoch : null;
+    const { role, tabs } = this.stream ?? { role: "own", tabs: 1 };
     // A maxQueued of this tab's is a stream of its own; the default shares again.
     this.openStream(cursor, epoch, { own: this.maxQueued !== undefined });
     this.panel.notify(
       this.maxQueued === undefined
-        ? "Reconnecting with the default maxQueued, shared with the other tabs of this session."
-        : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own; the other tabs of this session keep sharing theirs.`,
+        ? "Reconnecting with the default maxQueued, shared with any other tab of this session."
+        : `Reconnecting with ?maxQueued=${this.maxQueued}: this tab now reads a stream of its own${othersAfterDetach(role, tabs)}.`,
       "info",
       ["open", "ended", "stopped"],
     );

@@ -14,6 +14,7 @@
  */
 import { watchRequest } from "./connection_wait.js";
 import { isObject } from "./envelopes.js";
+import { lookup } from "./lookup.js";
 import { csrfToken } from "./subscribers.js";
 
 /** A request that failed: `status` is its HTTP status (200 for a malformed answer). */
@@ -49,7 +50,7 @@ export async function failureText(response) {
   const detail = await errorDetail(response);
   if (detail) return detail;
   if (response.status >= 500) return `the server failed (HTTP ${response.status})`;
-  return STATUS_WORDS[response.status] ?? `HTTP ${response.status}`;
+  return lookup(STATUS_WORDS, response.status) ?? `HTTP ${response.status}`;
 }
 
 /** Short-lived read tokens from `POST /session/<id>/token` (login session + CSRF). */

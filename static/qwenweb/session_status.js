@@ -14,13 +14,15 @@
  *   maxQueued until the session ended);
  * - the banner (`#banner`: the session ended (204, EB-15), the stream stopped, the page
  *   cannot read the session) and the notices (`#notice`: they fade after 6 s, 12 s for an
- *   error, or stay until the stream reaches one of the states they were given).
+ *   error, or stay until the stream reaches one of the states they were given);
+ * - what leaving the shared stream means for the other tabs (`othersAfterDetach`).
  *
  * The page (session_page.js) owns the state it shows and passes it to `render()`. Text only
  * ever goes in with `textContent`.
  */
 import { clip, serverTime } from "./envelopes.js";
 import { formatTime, h, setText } from "./frame_log.js";
+import { lookup } from "./lookup.js";
 
 const NOTICE_MS = { info: 6000, error: 12000 };
 const REASONS = {
@@ -46,6 +48,19 @@ const REASONS = {
   token_error: "could not obtain a token",
   internal_error: "client error",
 };
+
+/**
+ * What a tab leaving the shared stream (Drop, Pause reading, a maxQueued of its own) means
+ * for the other tabs, said after "this tab now reads a stream of its own": from the `role`
+ * and `tabs` of its stream (shared_stream.js) before it left. A follower leaves a leader
+ * and maybe more tabs behind, a leader its followers; a leader alone shared with nobody;
+ * while electing the others are not known yet; an own stream shared nothing.
+ */
+export function othersAfterDetach(role, tabs) {
+  if (role === "follower" || (role === "leader" && tabs > 1)) return "; the other tabs of this session keep sharing theirs";
+  if (role === "leader") return " (no other tab of this session shared it)";
+  return "";
+}
 
 /**
  * @typedef {object} PanelView  What `render()` shows (the page's state).
@@ -86,13 +101,16 @@ export class StatusPanel {
   renderSharing(stream) {
     if (this.sharing === null || stream === null) return;
     const how = stream.mode === "locks" ? "Web Locks" : stream.mode === "lease" ? "localStorage lease" : "";
-    const text = {
-      idle: "—",
-      electing: "joining the other tabs of this session…",
-      leader: `this tab holds the stream, shared with ${stream.tabs - 1} other tab(s) (${how})`,
-      follower: `shared: another tab holds the stream (${how})`,
-      own: "this tab's own stream (not shared)",
-    }[stream.role];
+    const text = lookup(
+      {
+        idle: "—",
+        electing: "joining the other tabs of this session…",
+        leader: `this tab holds the stream, shared with ${stream.tabs - 1} other tab(s) (${how})`,
+        follower: `shared: another tab holds the stream (${how})`,
+        own: "this tab's own stream (not shared)",
+      },
+      stream.role,
+    );
     this.sharing.dataset.role = stream.role;
     setText(this.sharing, text ?? stream.role);
   }
@@ -103,7 +121,7 @@ export class StatusPanel {
     const badge = this.dom.badge;
     badge.dataset.state = state;
     setText(badge, state);
-    const parts = [REASONS[info.reason] ?? info.reason ?? ""];
+    const parts = [lookup(REASONS, info.reason) ?? info.reason ?? ""];
     if (state === "open") parts[0] = `streaming since ${formatTime(Date.now())}`;
     else if (info.status) parts.push(`HTTP ${info.status}`);
     if (info.detail) parts.push(String(info.detail));
@@ -153,12 +171,16 @@ export class StatusPanel {
 
   /** The last signal of its kind ("warning", "evicted", "resync", "error"), with its time. */
   showSignal(kind, envelope, text) {
-    const target = {
-      warning: this.dom.lastWarning,
-      evicted: this.dom.lastEvicted,
-      resync: this.dom.lastResync,
-      error: this.dom.lastStreamError,
-    }[kind];
+    const target = lookup(
+      {
+        warning: this.dom.lastWarning,
+        evicted: this.dom.lastEvicted,
+        resync: this.dom.lastResync,
+        error: this.dom.lastStreamError,
+      },
+      kind,
+    );
+    if (target === undefined) return;
     setText(target, `${formatTime(serverTime(envelope) ?? Date.now())} · ${text}`);
     target.classList.remove("muted");
     target.classList.add("signal-set");
@@ -231,7 +253,7 @@ export class StatusPanel {
     this.noticeClearOn = clearOn;
     clearTimeout(this.noticeTimer);
     // A notice tied to states stays until it stops being true; others fade after a while.
-    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), NOTICE_MS[kind] ?? NOTICE_MS.info);
+    if (clearOn === null) this.noticeTimer = setTimeout(() => this.hideNotice(), lookup(NOTICE_MS, kind) ?? NOTICE_MS.info);
   }
 
   hideNotice() {

@@ -16,6 +16,8 @@
  * `SubscribersTable`, which needs a DOM.
  */
 
+import { lookup } from "./lookup.js";
+
 const REQUEST_TIMEOUT_MS = 10_000;
 
 /** "512 B", "1.5 KiB", "2.0 MiB"; "?" when not a number. */
@@ -65,7 +67,7 @@ const SENTENCES = {
 export function describeApiError(status, body) {
   const code = body !== null && typeof body === "object" ? body.code : undefined;
   const message = body !== null && typeof body === "object" && typeof body.error === "string" ? body.error : "";
-  const sentence = SENTENCES[code];
+  const sentence = lookup(SENTENCES, code);
   if (sentence && message) return `${sentence} (${message})`;
   if (sentence) return sentence;
   if (message) return `The server refused: ${message}.`;

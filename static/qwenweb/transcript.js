@@ -12,6 +12,7 @@
  */
 import { contentText, isObject } from "./envelopes.js";
 import { Follower, h, setText } from "./frame_log.js";
+import { lookup } from "./lookup.js";
 
 const ROLE_LABELS = { agent: "Agent", user: "User", thought: "Thinking" };
 
@@ -136,7 +137,7 @@ export class Transcript {
       block.dataset.role = role;
       const head = h("header", "msg-head");
       const ids = h("span", "msg-ids mono");
-      head.append(h("span", "msg-role", ROLE_LABELS[role]), ids);
+      head.append(h("span", "msg-role", lookup(ROLE_LABELS, role)), ids);
       const body = h("div", "msg-text");
       const textNode = document.createTextNode("");
       body.append(textNode);

@@ -247,6 +247,9 @@ def test_notices_clear_once_they_are_no_longer_true(page: Page, server: ServerPr
     view.freeze_clock()
     page.click("#drop")
     expect(page.locator("#notice")).to_contain_text("Connection dropped")
+    # The only tab of its session: no other tab shared its stream, none keeps sharing.
+    expect(page.locator("#notice")).to_contain_text("no other tab of this session shared it")
+    expect(page.locator("#notice")).not_to_contain_text("keep sharing")
     view.advance_clock(4_000)  # the reconnect after the retry delay (3 s)
     view.expect_state("open")
     expect(page.locator("#notice")).to_be_hidden()

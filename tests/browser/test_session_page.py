@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import ConsoleMessage, Page, expect
 
 from tests.browser.conftest import (
     RemoteSession,
@@ -79,6 +79,46 @@ def test_live_events_appear_in_order_as_one_agent_message_and_tool_card(
     assert page.locator("#transcript img").count() == 0
     assert view.text("#transcript .msg-user .msg-text") == "Hi"
     expect(page.locator("#transcript .tool .tool-status")).to_have_text("completed")
+
+
+OBJECT_MEMBER_NAMES = ("toString", "constructor", "__proto__", "hasOwnProperty", "valueOf")
+"""Event types named like what every JavaScript object inherits from Object.prototype."""
+
+
+def test_types_named_like_object_members_are_rows_and_never_break_the_page(
+    page: Page, server: ServerProcess
+) -> None:
+    # SC-12: unknown types are shown raw, never fatal, also the names a plain object inherits:
+    # a publisher must not break the page of every viewer (in the snapshot, or live).
+    session = RemoteSession.create(server.base_url, title="object member names")
+    console_errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            console_errors.append(message.text)
+
+    page.on("console", on_console)
+    in_snapshot = [session.publish(name, {name: name}) for name in OBJECT_MEMBER_NAMES]
+    view = SessionPage(page, session).open()
+    view.wait_for_id(in_snapshot[-1])
+    live = [session.publish(name, {name: name}) for name in OBJECT_MEMBER_NAMES]
+    after = session.say("after them")[-1]
+    view.wait_for_id(after)
+    assert view.log_ids() == [*in_snapshot, *live, after]
+    rows = page.eval_on_selector_all(
+        "#frame-log tbody tr[data-id]",
+        "rows => rows.map(r => [r.dataset.type, r.className,"
+        " r.querySelector('.type-name').textContent])",
+    )
+    names = [*OBJECT_MEMBER_NAMES, *OBJECT_MEMBER_NAMES]
+    assert rows == [
+        *([name, "row-event", name] for name in names),
+        ["session_update", "row-event", "session_update"],
+    ]
+    assert view.agent_text() == "after them"
+    view.expect_state("open")
+    expect(page.locator("#notice")).to_be_hidden()  # no "Page error: …"
+    assert not console_errors
 
 
 def test_new_session_button_creates_an_owned_session_and_opens_its_page(

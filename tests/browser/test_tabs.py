@@ -144,7 +144,9 @@ def test_a_tabs_own_control_detaches_it_and_says_so(
     assert wait_for(lambda: any(role_of(v) == "follower" for v in views), timeout_s=10)
     follower = next(v for v in views if role_of(v) == "follower")
     follower.page.click("#pause")
-    expect(follower.page.locator("#notice")).to_contain_text("a stream of its own")
+    expect(follower.page.locator("#notice")).to_contain_text(
+        "a stream of its own; the other tabs of this session keep sharing theirs"
+    )
     expect(follower.page.locator("#sharing")).to_have_attribute("data-role", "own")
     assert wait_for(lambda: session.subscriber_count() == 2, timeout_s=10)
     last = session.say("still shared ")[-1]
