@@ -310,7 +310,9 @@ def test_without_web_locks_the_tabs_share_through_the_lease_and_hand_over(
     first = session.say("one ", "two ")
     for view in views:
         view.wait_for_row(first[-1])
-    assert session.subscriber_count() == 1
+    # (A lease can be claimed by two tabs for a moment, the later one deposed when it
+    # sees the other's ping: one stream in the end, not at every instant.)
+    assert wait_for(lambda: session.subscriber_count() == 1, timeout_s=10)
     rest = [v for v in views if v is not leader]
     leader.page.close()
     more = session.say("three ", "four ")
