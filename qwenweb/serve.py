@@ -13,11 +13,15 @@ Usage::
   (:class:`sessions.transport.flow_control.FlowControlServer`), HTTP/1.1 only; every other
   option is passed to daphne. It serves no static file when DEBUG is off (it says so).
 
-Bad input exits with status 2 and one line saying what is wrong: an unknown ``--server``
-(the choices are listed), a certificate or key that is missing or unreadable (the file is
-named), only one of the two, ``--workers`` above 1 with a backend that holds sessions in
-one process, with DEBUG off a ``STATIC_ROOT`` without ``collectstatic``'s manifest. A
-failing system check exits 1 (:func:`check_configuration`).
+Bad input exits with status 2 and one line saying what is wrong, before any server
+starts: an unknown ``--server`` (the choices are listed), a ``-b`` that is not an IP
+address, a ``-p`` outside 1 … 65535, an address and port that cannot be bound (in use:
+which ``address:port``, and how to choose another; :mod:`sessions.cli.listen`, the rule
+``manage.py demo`` uses too), a certificate or key that is missing or unreadable (the file
+is named), only one of the two, a certificate or key that ``ssl`` cannot load (not PEM,
+encrypted, or a key of another certificate: :func:`check_tls`), ``--workers`` above 1 with
+a backend that holds sessions in one process, with DEBUG off a ``STATIC_ROOT`` without
+``collectstatic``'s manifest. A failing system check exits 1 (:func:`check_configuration`).
 
 Before serving, the file-descriptor limit (``RLIMIT_NOFILE``) is raised to its hard limit
 (:func:`raise_fd_limit`): every open stream holds a descriptor.
@@ -28,14 +32,28 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import ssl
 import sys
 from pathlib import Path
 from typing import Final, NoReturn
 
 from qwenweb.granian_server import APPLICATION, StaticMount
+from sessions.cli.listen import (
+    CannotListen,
+    another_port,
+    check_address,
+    check_can_listen,
+    check_port,
+)
 
 SERVERS: Final = ("granian", "daphne")
 """The ``--server`` choices; the first is the default."""
+
+SERVER_HELP: Final = (
+    f"one of {', '.join(SERVERS)} (default {SERVERS[0]}). daphne reads a whole request "
+    "body into memory before the application can refuse it (413): behind daphne, cap "
+    "request bodies in front of it (nginx client_max_body_size)"
+)
 
 
 def setup_django() -> None:
@@ -126,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="trust X-Forwarded-For/-Proto from 127.0.0.1 (behind nginx)",
     )
     # Checked by hand (not argparse's `choices`), so the message and status are ours.
-    parser.add_argument("--server", default=SERVERS[0], help=f"one of {', '.join(SERVERS)}")
+    parser.add_argument("--server", default=SERVERS[0], help=SERVER_HELP)
     return parser
 
 
@@ -139,6 +157,60 @@ def _readable(option: str, path: Path | None) -> Path | None:
     except OSError as exc:
         _fail(f"{option} {path}: cannot read it ({exc.strerror or exc})")
     return path
+
+
+def _check_listen_options(bind: str, port: int) -> None:
+    """``-b`` an IP address, ``-p`` 1 … 65535 (:mod:`sessions.cli.listen`), or exit 2."""
+    try:
+        check_address(bind)
+    except CannotListen as exc:
+        _fail(f"-b {bind}: {exc}")
+    try:
+        check_port(port)
+    except CannotListen as exc:
+        _fail(f"-p {port}: {exc}")
+
+
+def _check_can_listen(bind: str, port: int) -> None:
+    """Exit 2 when ``bind:port`` cannot be bound now: called just before the server
+    starts (a port taken in between still fails in the server: see
+    :func:`sessions.cli.listen.check_can_listen`)."""
+    try:
+        check_can_listen(bind, port)
+    except CannotListen as exc:
+        if exc.in_use:
+            message = exc.in_use_message(other="another server", retry=f"-p {another_port(port)}")
+            _fail(f"-p {port}: {message}")
+        _fail(f"-b {bind} -p {port}: {exc}")
+
+
+class _EncryptedKey(Exception):
+    """Raised by :func:`_no_password`: the key asks for a passphrase."""
+
+
+def _no_password() -> bytes:
+    # Without a callback OpenSSL would ask on the terminal (or fail with EINVAL).
+    raise _EncryptedKey
+
+
+def check_tls(certfile: Path, keyfile: Path) -> None:
+    """Load the certificate chain and key with :mod:`ssl` as granian does first, so a bad
+    file is one line (exit 2) naming the option instead of ``ssl.SSLError: PEM lib``."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile, password=_no_password)
+    except _EncryptedKey:
+        _fail(f"--keyfile {keyfile}: the key is encrypted; give it without a passphrase")
+    except ssl.SSLError as exc:
+        try:  # Which file? The certificates alone, without the key:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=certfile)
+        except ssl.SSLError:
+            _fail(f"--certfile {certfile}: no PEM certificate in it")
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            _fail(f"--keyfile {keyfile}: not the key of the certificate in --certfile {certfile}")
+        _fail(f"--keyfile {keyfile}: no PEM private key in it")
+    except OSError as exc:  # read a moment ago (_readable): gone or changed since
+        _fail(f"--certfile {certfile}, --keyfile {keyfile}: cannot load them ({exc})")
 
 
 def _check_workers(workers: int) -> None:
@@ -192,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     options, rest = parser.parse_known_args(args)
     if options.server not in SERVERS:
         _fail(f"unknown --server {options.server!r}; choose one of: {', '.join(SERVERS)}")
+    _check_listen_options(options.bind, options.port)
     certfile = _readable("--certfile", options.certfile)
     keyfile = _readable("--keyfile", options.keyfile)
     if (certfile is None) != (keyfile is None):
@@ -201,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         _fail(f"unknown option(s) for granian: {' '.join(rest)} (daphne's need --server daphne)")
+    if certfile is not None and keyfile is not None:
+        check_tls(certfile, keyfile)
     setup_django()
     # Before the system checks: they load the URLconf, whose `static()` calls fail
     # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
@@ -211,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     from qwenweb.granian_server import granian_options, serve
     from sessions.conf import get_config
 
+    _check_can_listen(options.bind, options.port)
     serve(
         granian_options(
             bind=options.bind,
@@ -251,6 +327,7 @@ def _serve_daphne(options: argparse.Namespace, rest: list[str]) -> None:
             "from a front web server (docs/deployment.md), or use --server granian\n"
         )
     raise_fd_limit()
+    _check_can_listen(options.bind, options.port)
     argv = ["-b", options.bind, "-p", str(options.port), *rest]
     if options.proxy_headers:
         argv.append("--proxy-headers")

@@ -1,1 +1,2 @@
-"""Clients that run outside the server: the terminal client and the scripted demo agent."""
+"""Clients that run outside the server (the terminal client, the scripted demo agent), and
+what the command lines that start a server share (:mod:`sessions.cli.listen`)."""

@@ -9,7 +9,9 @@
 - The request header deadline (``REQUEST_HEADER_TIMEOUT_S``): 200 connections that send
   their headers one line at a time are closed while normal requests are served and an open
   stream keeps streaming.
-- Bad input on the command line: exit 2 naming what is wrong.
+- Bad input on the command line (a port in use or out of range, a bind address that is
+  not an IP address, a certificate or key ``ssl`` cannot load, …): exit 2 with one line
+  naming the option, under granian and ``--server daphne``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -297,25 +300,94 @@ def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )  # fmt: skip
 
 
+BOTH: Final = ("granian", "daphne")
+
+BAD_COMMAND_LINES: Final = [
+    # id, the arguments, what stderr's one line says, the servers (``--server``) it is for.
+    # Placeholders: TAKEN a port a socket of the test listens on; CERT, KEY the tests'
+    # certificate and its key; OTHER_KEY the key of another certificate; LOCKED_KEY KEY
+    # encrypted with a passphrase.
+    ("unknown-server", [], "unknown --server 'gunicorn'; choose one of: granian, daphne",
+     ("gunicorn",)),
+    ("missing-cert", ["--certfile", "/nonexistent/cert.pem", "--keyfile", "/nonexistent/key.pem"],
+     "--certfile /nonexistent/cert.pem: cannot read it", BOTH),
+    ("unreadable-key", ["--certfile", "CERT", "--keyfile", "/"], "--keyfile /: cannot read it",
+     BOTH),
+    ("cert-without-key", ["--certfile", "CERT"], "--certfile and --keyfile go together", BOTH),
+    ("workers-memory", ["--workers", "2"],
+     "--workers 2 needs a backend shared by several processes", ("granian",)),
+    ("port-in-use", ["-p", "TAKEN"],
+     "-p TAKEN: 127.0.0.1:TAKEN is already in use (another server?): choose another port", BOTH),
+    ("port-too-large", ["-p", "99999"], "-p 99999: must be 1 to 65535", BOTH),
+    ("port-negative", ["-p", "-1"], "-p -1: must be 1 to 65535", BOTH),
+    ("port-zero", ["-p", "0"], "-p 0: must be 1 to 65535 (0, any free port, is not supported)",
+     BOTH),
+    ("bind-bad-ip", ["-b", "999.1.1.1"], "-b 999.1.1.1: not an IP address", BOTH),
+    ("bind-host-name", ["-b", "example.invalid"], "-b example.invalid: not an IP address", BOTH),
+    ("cert-not-pem", ["--certfile", "/etc/hostname", "--keyfile", "/etc/hostname"],
+     "--certfile /etc/hostname: no PEM certificate in it", ("granian",)),
+    ("key-not-pem", ["--certfile", "CERT", "--keyfile", "CERT"],
+     "--keyfile CERT: no PEM private key in it", ("granian",)),
+    ("key-of-another-cert", ["--certfile", "CERT", "--keyfile", "OTHER_KEY"],
+     "--keyfile OTHER_KEY: not the key of the certificate in --certfile CERT", ("granian",)),
+    ("key-encrypted", ["--certfile", "CERT", "--keyfile", "LOCKED_KEY"],
+     "--keyfile LOCKED_KEY: the key is encrypted; give it without a passphrase", ("granian",)),
+    ("tls-under-daphne", ["--certfile", "CERT", "--keyfile", "KEY"],
+     "--certfile/--keyfile are for granian", ("daphne",)),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """CERT, KEY, OTHER_KEY and LOCKED_KEY (see BAD_COMMAND_LINES)."""
+    from cryptography.hazmat.primitives import serialization
+
+    from sessions.cli.devcert import make_local_certificate
+
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = tls_argv()[1], tls_argv()[3]
+    locked = directory / "locked-key.pem"
+    private = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
+    locked.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    other = make_local_certificate(directory / "other")
+    return {"CERT": cert, "KEY": key, "OTHER_KEY": str(other.key), "LOCKED_KEY": str(locked)}
+
+
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("server", "args", "message"),
     [
-        (["--server", "gunicorn"], "unknown --server 'gunicorn'; choose one of: granian, daphne"),
-        (["--certfile", "/nonexistent/cert.pem", "--keyfile", "/nonexistent/key.pem"],
-         "--certfile /nonexistent/cert.pem: cannot read it"),
-        (["--certfile", "CERT", "--keyfile", "/"], "--keyfile /: cannot read it"),
-        (["--certfile", "CERT"], "--certfile and --keyfile go together"),
-        (["--workers", "2"], "--workers 2 needs a backend shared by several processes"),
+        pytest.param(server, args, message, id=f"{name}-{server}")
+        for name, args, message, servers in BAD_COMMAND_LINES
+        for server in servers
     ],
-    ids=["unknown-server", "missing-cert", "unreadable-key", "cert-without-key", "workers-memory"],
-)  # fmt: skip
+)
 def test_bad_command_line_exits_2_naming_the_problem(
-    e2e_database: Path, args: list[str], message: str
+    e2e_database: Path,
+    tls_files: dict[str, str],
+    server: str,
+    args: list[str],
+    message: str,
 ) -> None:
-    args = [tls_argv()[1] if arg == "CERT" else arg for arg in args]
-    result = run_serve(*args, env=server_env(e2e_database, QWENWEB_BACKEND="memory"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        names = {**tls_files, "TAKEN": str(taken.getsockname()[1])}
+        args = [names.get(arg, arg) for arg in args]
+        for name in sorted(names, key=len, reverse=True):  # OTHER_KEY before KEY
+            message = message.replace(name, names[name])
+        result = run_serve(
+            "--server", server, *args, env=server_env(e2e_database, QWENWEB_BACKEND="memory")
+        )
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()  # one line, naming the option
+    assert line.startswith(f"qwenweb.serve: error: {message}"), line
 
 
 @pytest.mark.parametrize("server", ["granian", "daphne"])
@@ -333,8 +405,6 @@ def test_head_answers_carry_the_get_headers_and_no_body(
     start: Callable[..., ServerProcess],
 ) -> None:
     # Django sends a HEAD answer's body; the server drops it (RFC 9110, 9.3.2).
-    import socket
-
     server = start()
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(

@@ -105,6 +105,13 @@ def test_demo_refuses_a_port_that_is_taken() -> None:
             run("demo", "--port", str(port), "--no-agent")
 
 
+@pytest.mark.parametrize("port", ["0", "99999"])
+def test_demo_refuses_a_port_out_of_range(port: str) -> None:
+    # The rule of python -m qwenweb.serve (sessions.cli.listen), not an OverflowError.
+    with pytest.raises(CommandError, match=f"^--port {port}: must be 1 to 65535"):
+        run("demo", "--port", port, "--no-agent")
+
+
 def test_demo_stops_with_an_error_when_its_server_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     # A server that dies after coming up: the demo must not go on publishing into nothing.
     script = "import sys, time; time.sleep(0.5); sys.exit(3)"

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import _thread
 import contextlib
-import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +36,7 @@ from django.utils import timezone
 
 from sessions.auth import issue_current_token
 from sessions.cli.devcert import LocalCertificate, make_local_certificate
+from sessions.cli.listen import CannotListen, another_port, check_can_listen, check_port
 from sessions.conf import get_config
 from sessions.models import AgentSession
 
@@ -216,21 +215,21 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 
 def _check_port_free(addr: str, port: int) -> None:
-    """Raise CommandError when ``addr:port`` is taken (another demo, say): the demo would
-    otherwise find that server answering and publish into it."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # As servers do: connections of an earlier run in TIME_WAIT do not count as taken.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((addr, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise CommandError(
-                    f"{addr}:{port} is already in use (another demo?): choose another "
-                    f'port, e.g. make demo ARGS="--port {port + 1}"'
-                ) from None
-            raise CommandError(f"cannot listen on {addr}:{port}: {exc.strerror}") from None
+    """Raise CommandError when ``--port`` is out of range or ``addr:port`` is taken
+    (another demo, say): the demo would otherwise find that server answering and publish
+    into it. The rule is :mod:`sessions.cli.listen`'s, shared with ``qwenweb.serve``."""
+    try:
+        check_port(port)
+    except CannotListen as exc:
+        raise CommandError(f"--port {port}: {exc}") from None
+    try:
+        check_can_listen(addr, port)
+    except CannotListen as exc:
+        raise CommandError(
+            exc.in_use_message(
+                other="another demo", retry=f'make demo ARGS="--port {another_port(port)}"'
+            )
+        ) from None
 
 
 class _ServerWatcher(threading.Thread):
