@@ -313,13 +313,31 @@ class SessionPage:
         self.page = page
         self.session = session
         self.traffic = Traffic().attach(page)
+        self.console: list[str] = []
+        page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}"))
 
-    def open(self, *, install_clock: bool = False) -> SessionPage:
-        """Log in through the admin form, land on the page, wait until the stream is open."""
+    def open(self, *, install_clock: bool = False, timeout_ms: int = WAIT_MS) -> SessionPage:
+        """Log in through the admin form, land on the page, wait until the stream is open.
+
+        A page that does not get there fails with what it requested (path, status or
+        "no answer") and what it logged, so a stall says where it stalled."""
         if install_clock:
             self.page.clock.install()
         self.login(urlsplit(self.session.page_url).path)
-        self.expect_state("open")
+        try:
+            self.expect_state("open", timeout_ms=timeout_ms)
+        except AssertionError as error:
+            requests = [
+                f"{r.method} {r.path} -> {r.status if r.status is not None else 'no answer'}"
+                for r in self.traffic.requests
+                if not r.path.startswith("/static/")
+            ]
+            static = [r for r in self.traffic.requests if r.path.startswith("/static/")]
+            pending = [r.path for r in static if r.status is None]
+            raise AssertionError(
+                f"{error}\nrequests: {requests}\nstatic files: {len(static)}, "
+                f"unanswered: {pending}\nconsole: {self.console[-20:]}"
+            ) from None
         return self
 
     def login(self, next_path: str) -> None:
