@@ -9,6 +9,7 @@ import asyncio
 import gc
 import logging
 import sys
+from typing import Any
 
 import orjson
 import pytest
@@ -54,6 +55,17 @@ def test_frame_overhead_covers_what_an_entry_costs_beyond_its_json() -> None:
     assert f.json is not None
     measured = sys.getsizeof(f) + (sys.getsizeof(f.json) - len(f.json)) + 24 + 8
     assert measured <= FRAME_OVERHEAD_BYTES
+
+
+async def _until_replay_complete(sub: Any) -> list[Frame]:
+    """The subscription's frames up to and including ``replay_complete`` (bounded: 2 s)."""
+    frames = []
+    async with asyncio.timeout(2):
+        async for item in sub:
+            frames.append(item)
+            if item.type == "replay_complete":
+                break
+    return frames
 
 
 def test_ring_drops_oldest_past_the_count() -> None:
@@ -102,12 +114,7 @@ async def test_bus_resync_after_byte_eviction_names_the_earliest_id() -> None:  
     for _ in range(5):
         bus.publish({"type": "t", "data": "x" * 1000})
     sub = bus.subscribe(last_event_id=1)
-    frames = []
-    async with asyncio.timeout(2):
-        async for item in sub:
-            frames.append(item)
-            if item.type == "replay_complete":
-                break
+    frames = await _until_replay_complete(sub)
     assert frames[0]["data"] == {
         "reason": "ring_evicted",
         "lastDeliveredId": 1,
@@ -131,12 +138,7 @@ async def test_bus_resync_after_age_expiry_emptied_the_ring() -> None:  # EB-7
         bus.publish({"type": "t"})
     clock.now += 11
     sub = bus.subscribe(last_event_id=1)
-    frames = []
-    async with asyncio.timeout(2):
-        async for item in sub:
-            frames.append(item)
-            if item.type == "replay_complete":
-                break
+    frames = await _until_replay_complete(sub)
     assert frames[0].type == "state_resync_required"
     assert frames[0]["data"]["reason"] == "ring_evicted"
     assert frames[0]["data"]["earliestAvailableId"] == 4
