@@ -23,6 +23,10 @@ encrypted, or a key of another certificate: :func:`check_tls`), ``--workers`` ab
 a backend that holds sessions in one process, with DEBUG off a ``STATIC_ROOT`` without
 ``collectstatic``'s manifest. A failing system check exits 1 (:func:`check_configuration`).
 
+Started with ``QWENWEB_PARENT_PID`` in its environment (``manage.py demo`` does so), the
+process dies with that parent (:mod:`sessions.ops.parent_death`); granian's workers always
+die with the main process.
+
 Before serving, the file-descriptor limit (``RLIMIT_NOFILE``) is raised to its hard limit
 (:func:`raise_fd_limit`): every open stream holds a descriptor.
 """
@@ -45,6 +49,7 @@ from sessions.cli.listen import (
     check_can_listen,
     check_port,
 )
+from sessions.ops.parent_death import die_with_parent_from_environment
 
 SERVERS: Final = ("granian", "daphne")
 """The ``--server`` choices; the first is the default."""
@@ -262,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         return
     options, rest = parser.parse_known_args(args)
+    try:  # started by `manage.py demo`: die with it (granian's workers die with us)
+        die_with_parent_from_environment()
+    except ValueError as exc:
+        _fail(str(exc))
     if options.server not in SERVERS:
         _fail(f"unknown --server {options.server!r}; choose one of: {', '.join(SERVERS)}")
     _check_listen_options(options.bind, options.port)

@@ -33,7 +33,7 @@ What "never lose them on a clean shutdown" means here
       :class:`LifespanApp` attaches the loop at ``lifespan.startup``. granian's main
       process would stop its workers at once on SIGTERM (a worker closes its listener
       first), so ``qwenweb.granian_server`` sends each worker :data:`DRAIN_SIGNAL` first
-      (the drain, while it listens) and the SIGTERM ``DRAIN_S`` + 1 s later; the worker's
+      (the drain, while it listens) and the SIGTERM ``DRAIN_S`` + 0.5 s later; the worker's
       ``lifespan.shutdown`` then runs (or joins) the sequence.
     - Any server that installed SIGINT/SIGTERM handlers (Twisted for daphne, ``serve``
       and ``runserver --noreload``; uvicorn): ours wraps them. On the first signal the
@@ -54,6 +54,17 @@ What "never lose them on a clean shutdown" means here
       closing any connection still open as ``server_shutdown``
       (:meth:`Recorder.flush_sync <sessions.ops.records.Recorder.flush_sync>`).
 
+What happens when the parent dies
+    A granian worker (and the server ``manage.py demo`` starts) gets
+    :data:`~sessions.ops.parent_death.PARENT_DEATH_SIGNAL` when its parent dies, even by
+    ``kill -9`` (:mod:`sessions.ops.parent_death`). Nobody is left to stop it, nor to wait
+    for a drain: :func:`orphaned` ends every open stream at once (``server_draining``, a
+    jittered ``retry:``), writes the records and counters and lets go of the backend, all
+    within :data:`ORPHAN_EXIT_S`, and the process exits (``os._exit``: granian would
+    otherwise wait for idle HTTP/2 connections to close, with no main process left to
+    kill it). A loop too busy to run the sequence in time does not hold it: the process
+    exits :data:`ORPHAN_EXIT_S` + 0.5 s after the signal whatever happened.
+
 The in-process test suite disconnects :data:`listener` (its per-test loops must not write
 records at teardown); tests of this module connect it.
 """
@@ -62,7 +73,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
+import os
 import random
 import signal
 import sys
@@ -77,11 +90,13 @@ from django.db import DatabaseError, connections
 from sessions.backends import get_backend
 from sessions.hooks import Listener, hooks
 from sessions.ops.feed import feed
+from sessions.ops.parent_death import PARENT_DEATH_SIGNAL
 from sessions.ops.records import recorder
 from sessions.transport.stream import drain_frame, drain_retry_ms
 
 __all__ = [
     "DRAIN_SIGNAL",
+    "ORPHAN_EXIT_S",
     "SHUTDOWN_TIMEOUT_S",
     "Lifecycle",
     "LifespanApp",
@@ -89,16 +104,29 @@ __all__ = [
     "flush_at_exit",
     "lifespan_app",
     "listener",
+    "orphaned",
     "shutdown",
 ]
 
 logger = logging.getLogger("qwenweb.lifecycle")
 
-SHUTDOWN_TIMEOUT_S: Final = 10.0
-"""Upper bound of the wait for the streams to record their end at shutdown."""
+SHUTDOWN_TIMEOUT_S: Final = 2.0
+"""Upper bound of the wait for the streams to record their end at shutdown.
+
+Each was told to end before the wait (the drain, then ``server_shutdown``); one that has
+not recorded its end by then (a peer that stopped reading) is closed as
+``server_shutdown``. Short, so that ``python -m qwenweb.serve`` stops within ``DRAIN_S`` +
+5 s (``qwenweb.granian_server``, ``workers_kill_timeout``)."""
 
 DRAIN_SIGNAL: Final = signal.SIGUSR1
 """The signal that starts the graceful drain without stopping the process (:func:`drain`)."""
+
+ORPHAN_EXIT_S: Final = 1.0
+"""A process whose parent died exits within this (:func:`orphaned`)."""
+
+_ORPHAN_WATCHDOG_MARGIN_S: Final = 0.5
+# Of ORPHAN_EXIT_S, the share the streams get to record their end; the rest writes.
+_ORPHAN_STREAMS_SHARE: Final = 0.5
 
 _random = random.SystemRandom()  # jitter only; no secret depends on it
 
@@ -143,7 +171,9 @@ class Lifecycle(Listener):
         defaults and ``SIG_IGN`` are left alone (``atexit`` covers a plain Ctrl-C).
         Also makes :data:`DRAIN_SIGNAL` (SIGUSR1, when nobody else handles it) start the
         drain alone, without stopping: ``python -m qwenweb.serve`` sends it to granian's
-        workers on SIGTERM while they still listen (``qwenweb.granian_server``).
+        workers on SIGTERM while they still listen (``qwenweb.granian_server``); and
+        :data:`~sessions.ops.parent_death.PARENT_DEATH_SIGNAL` (SIGUSR2, likewise) run
+        :func:`orphaned` and exit.
         """
         if threading.current_thread() is not threading.main_thread():
             return
@@ -155,6 +185,8 @@ class Lifecycle(Listener):
                 signal.signal(sig, handler)
         if signal.getsignal(DRAIN_SIGNAL) == signal.SIG_DFL:
             signal.signal(DRAIN_SIGNAL, self.drain_handler(loop))
+        if signal.getsignal(PARENT_DEATH_SIGNAL) == signal.SIG_DFL:
+            signal.signal(PARENT_DEATH_SIGNAL, self.orphan_handler(loop))
 
     def drain_handler(self, loop: asyncio.AbstractEventLoop) -> Any:
         """A signal handler that starts :func:`drain` (``DRAIN_S``) on ``loop``, once."""
@@ -175,6 +207,50 @@ class Lifecycle(Listener):
         def handler(signum: int, frame: FrameType | None) -> None:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(start)
+
+        return handler
+
+    def orphan_handler(
+        self, loop: asyncio.AbstractEventLoop, exit_process: Callable[[int], Any] = os._exit
+    ) -> Any:
+        """A signal handler for a parent's death: run :func:`orphaned` on ``loop``, then
+        ``exit_process(0)`` (``1`` if the sequence failed or ran out of time).
+
+        A watchdog thread calls ``exit_process(1)`` :data:`ORPHAN_EXIT_S` + 0.5 s after the
+        signal should the loop not get through the sequence by then. ``exit_process`` is
+        called once; later signals are ignored.
+        """
+        signalled = threading.Event()
+        finished = threading.Lock()
+        watchdog = threading.Timer(ORPHAN_EXIT_S + _ORPHAN_WATCHDOG_MARGIN_S, lambda: finish(1))
+        watchdog.daemon = True
+
+        def finish(status: int) -> None:
+            if not finished.acquire(blocking=False):
+                return
+            watchdog.cancel()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            exit_process(status)
+
+        def start() -> None:
+            async def sequence() -> None:
+                finish(0 if await orphaned() else 1)
+
+            task = loop.create_task(sequence(), name="qwenweb-orphaned")
+            self._shutdown_tasks.add(task)
+            task.add_done_callback(self._shutdown_tasks.discard)
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if signalled.is_set():
+                return
+            signalled.set()
+            if loop.is_closed():
+                finish(1)
+                return
+            watchdog.start()
+            loop.call_soon_threadsafe(start)
 
         return handler
 
@@ -228,7 +304,7 @@ listener = Lifecycle()
 """The process's lifecycle listener (connected by ``sessions.apps``)."""
 
 
-_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[bool]] = (
     weakref.WeakKeyDictionary()
 )
 """The shutdown sequence running on each loop (a second caller joins it)."""
@@ -268,7 +344,8 @@ async def shutdown(
     await asyncio.shield(task)
 
 
-async def _sequence(timeout_s: float, drain_s: float | None) -> None:
+async def _sequence(timeout_s: float, drain_s: float | None) -> bool:
+    """The steps of :func:`shutdown`; returns False when a step failed (logged)."""
     hooks.shutting_down = True
     backend = get_backend()
     try:
@@ -280,6 +357,30 @@ async def _sequence(timeout_s: float, drain_s: float | None) -> None:
         await backend.aclose()
     except Exception:
         logger.exception("shutdown_flush_failed")
+        return False
+    return True
+
+
+async def orphaned(exit_s: float = ORPHAN_EXIT_S) -> bool:
+    """End everything at once because the parent process died; return whether all was
+    written within ``exit_s`` seconds. Never raises.
+
+    The clean-shutdown sequence without its windows: every open stream ends now (the drain
+    over 0 s: ``server_draining``, a jittered ``retry:``; a drain already under way is cut
+    short), the streams get half of ``exit_s`` to record their end (the rest are closed as
+    ``server_shutdown``), then the records and each loaded session's counters are written
+    and the backend lets go of what it holds (the memory backend's row holds), all within
+    ``exit_s``. The caller exits the process afterwards (module docstring).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + exit_s
+    logger.warning("parent_died pid=%d exit_s=%g", os.getpid(), exit_s)
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await _sequence(exit_s * _ORPHAN_STREAMS_SHARE, drain_s=0)
+    except TimeoutError:
+        logger.error("orphan_exit_timeout exit_s=%g", exit_s)
+        return False
 
 
 async def drain(drain_s: float) -> int:

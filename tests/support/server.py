@@ -113,7 +113,8 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM (then SIGKILL, bounded); then SIGKILL whatever of its tree is left (a
-        granian worker outlives a main process that was killed)."""
+        worker still draining when its main process was killed has 1 s to end by itself:
+        not worth waiting for here)."""
         if self.process is not None:
             tree = self.pids() if self.process.poll() is None else []
             stop_process(self.process)
@@ -121,7 +122,8 @@ class ServerProcess:
 
     def kill(self, timeout_s: float = 10.0) -> None:
         """SIGKILL the server and every process of its tree at once (a crash of the whole
-        server: granian's workers would outlive their main process otherwise)."""
+        server: with the main process alone, each worker would first end its streams and
+        write its records, tests/e2e/test_process_tree.py)."""
         assert self.process is not None
         pids = self.pids()
         _kill_all(pids)
@@ -175,13 +177,27 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+def running(pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` that still run (read from ``/proc``; zombies do not)."""
+    return [pid for pid in pids if _running(pid)]
+
+
 def _running(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie no longer does: its parent may never reap it)."""
+    """Whether a thread of process ``pid`` still runs (a zombie no longer does: its parent
+    may never reap it). Its main thread may be a zombie while others still exit, holding
+    the process's descriptors (its listening socket) open."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] != "Z":
+            return True
+    return False
 
 
 def _kill_all(pids: Sequence[int]) -> None:

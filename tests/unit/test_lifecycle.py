@@ -1,7 +1,9 @@
 """The shutdown signal hook of ``sessions.ops.lifecycle`` (for servers like uvicorn).
 
 The end-to-end tests stop real servers with SIGINT and SIGTERM; these check the order:
-our sequence first, the server's own handler after it, and a second signal at once.
+our sequence first, the server's own handler after it, and a second signal at once. And
+the parent's death: the whole sequence at once, then one exit (the process itself:
+tests/e2e/test_process_tree.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 
 from sessions.hooks import hooks
 from sessions.ops import lifecycle
+from sessions.ops.parent_death import PARENT_DEATH_SIGNAL
 
 pytestmark = pytest.mark.asyncio
 
@@ -68,4 +71,23 @@ async def test_drain_signal_starts_the_drain_without_the_shutdown(listener):
         while not hooks.draining:
             await asyncio.sleep(0)  # the handler hands the start to the loop
     assert hooks.draining
+    hooks.draining = False
+
+
+async def test_parent_death_ends_everything_then_exits_once(listener):
+    loop = asyncio.get_running_loop()
+    exits: list[int] = []
+    exited = asyncio.Event()
+
+    def exit_process(status: int) -> None:
+        exits.append(status)
+        exited.set()
+
+    handler = listener.orphan_handler(loop, exit_process)
+    handler(PARENT_DEATH_SIGNAL, None)
+    handler(PARENT_DEATH_SIGNAL, None)  # a second signal starts nothing more
+    async with asyncio.timeout(lifecycle.ORPHAN_EXIT_S + 1):
+        await exited.wait()
+    assert exits == [0]  # the sequence finished in time, and the watchdog stood down
+    assert (hooks.shutting_down, hooks.draining) == (True, True)
     hooks.draining = False

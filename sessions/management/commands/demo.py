@@ -39,6 +39,7 @@ from sessions.cli.devcert import LocalCertificate, make_local_certificate
 from sessions.cli.listen import CannotListen, another_port, check_can_listen, check_port
 from sessions.conf import get_config
 from sessions.models import AgentSession
+from sessions.ops.parent_death import PARENT_PID_ENV
 
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - a local demo account, printed to the user
@@ -126,7 +127,13 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
   {python} manage.py tail_session {session.id} --url {base} --token {read}
 {tls_note}"""
         )
-        env = {**os.environ, "QWENWEB_ACCESS_LOG_LEVEL": "WARNING"}
+        # The server dies with this command, even with a `kill -9` of it (from this, the
+        # main thread: the kernel watches the thread that starts it).
+        env = {
+            **os.environ,
+            "QWENWEB_ACCESS_LOG_LEVEL": "WARNING",
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         env.setdefault("QWENWEB_DRAIN_S", DEMO_DRAIN_S)
         # Its own process group: Ctrl-C reaches this command, which stops the server (and
         # granian's workers) in order; a server that does not stop is killed as a group.

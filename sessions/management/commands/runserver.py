@@ -1,6 +1,8 @@
 """``runserver`` (daphne's, so it serves ASGI) plus ``--event-ring-size N``.
 
 The option overrides ``RING_SIZE`` for that run (docs/protocol.md, "Errors and limits").
+With ``QWENWEB_PARENT_PID`` in its environment (``manage.py demo`` sets it) the server dies
+with that process (:mod:`sessions.ops.parent_death`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from django.core.management.base import CommandParser
 
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import ENV_OVERRIDES, get_config
+from sessions.ops.parent_death import die_with_parent_from_environment
 from sessions.transport.flow_control import FlowControlServer
 
 
@@ -36,6 +39,10 @@ class Command(DaphneRunserverCommand):  # type: ignore[misc]  # daphne ships no 
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:  # started by `manage.py demo` (with --noreload): die with it
+            die_with_parent_from_environment()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         ring_size = options.get("event_ring_size")
         if ring_size is not None:
             if not 1 <= ring_size <= MAX_EVENT_RING_SIZE:
