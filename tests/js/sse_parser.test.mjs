@@ -1,27 +1,15 @@
-// Tests of createParser (static/qwenweb/sse_parser.js): the shared vectors, then own cases per rule
+// Tests of createParser (static/qwenweb/sse_parser.js): the parser vectors, then own cases per rule
 // SC-1..SC-8 of docs/protocol.md (WHATWG HTML §9.2.6).
 import assert from "node:assert/strict";
-import { existsSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
-import { pathToFileURL } from "node:url";
 
 import { createParser } from "../../static/qwenweb/sse_parser.js";
 
 const T = { timeout: 5000 };
-// The vectors live in the project's shared folder beside the repository (../shared/ from its
-// root), never copied into it; QWENWEB_SHARED_DIR points elsewhere. Missing: skipped with the
-// reason, except in CI.
-const SHARED_URL = process.env.QWENWEB_SHARED_DIR
-  ? pathToFileURL(`${process.env.QWENWEB_SHARED_DIR}/`)
-  : new URL("../../../shared/", import.meta.url);
-const VECTORS_URL = new URL("sse-vectors/parser-cases.json", SHARED_URL);
-const VECTORS_MISSING = existsSync(VECTORS_URL)
-  ? false
-  : `shared SSE vectors not found at ${VECTORS_URL.pathname}: clone beside the project's shared/ folder or set QWENWEB_SHARED_DIR`;
-if (VECTORS_MISSING && process.env.CI) throw new Error(VECTORS_MISSING);
-const vectors = VECTORS_MISSING
-  ? { cases: [], byte_cases: [] }
-  : JSON.parse(readFileSync(VECTORS_URL, "utf8"));
+// The project's copy of the shared parser vectors (tests/vectors/README.md).
+const VECTORS_URL = new URL("../vectors/sse/parser-cases.json", import.meta.url);
+const vectors = JSON.parse(readFileSync(VECTORS_URL, "utf8"));
 
 /** Run chunks through a fresh parser; record everything it reports. */
 function run(chunks, { bytes = false, lastEventId } = {}) {
@@ -53,15 +41,15 @@ function assertMatchesVector(vector, result) {
   assert.deepEqual(result.retries, vector.retries);
 }
 
-describe("shared vectors: cases (decoded text chunks)", { skip: VECTORS_MISSING }, () => {
-  assert.ok(VECTORS_MISSING || vectors.cases.length > 0, `no cases in ${VECTORS_URL}`);
+describe("parser vectors: cases (decoded text chunks)", () => {
+  assert.ok(vectors.cases.length > 0, `no cases in ${VECTORS_URL}`);
   for (const vector of vectors.cases) {
     test(vector.name, T, () => assertMatchesVector(vector, run(vector.chunks)));
   }
 });
 
-describe("shared vectors: byte_cases (feedBytes)", { skip: VECTORS_MISSING }, () => {
-  assert.ok(VECTORS_MISSING || vectors.byte_cases.length > 0, `no byte_cases in ${VECTORS_URL}`);
+describe("parser vectors: byte_cases (feedBytes)", () => {
+  assert.ok(vectors.byte_cases.length > 0, `no byte_cases in ${VECTORS_URL}`);
   for (const vector of vectors.byte_cases) {
     const chunks = vector.chunks_b64.map((b64) => new Uint8Array(Buffer.from(b64, "base64")));
     test(vector.name, T, () => assertMatchesVector(vector, run(chunks, { bytes: true })));

@@ -1,7 +1,7 @@
 """Tests for sessions.wire: the SSE parser (SC-1..SC-8, HTML §9.2.6) and the frame format.
 
-The shared vectors are read from ``shared/sse-vectors/`` beside the repository at test
-time (never copied), then the rules are tested with inputs of our own.
+The parser vectors (``tests/vectors/sse/``, the project's copy of the shared sample) first,
+then the rules tested with inputs of our own.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import os
 from dataclasses import FrozenInstanceError, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,24 +32,13 @@ from sessions.wire import (
     sanitize_for_log,
 )
 
-# The vectors live in the project's shared folder beside the repository (../shared/),
-# never copied into it; QWENWEB_SHARED_DIR points elsewhere.
-SHARED_DIR = Path(
-    os.environ.get("QWENWEB_SHARED_DIR") or Path(__file__).resolve().parents[3] / "shared"
-)
-VECTORS_PATH = SHARED_DIR / "sse-vectors" / "parser-cases.json"
-VECTORS_MISSING = (
-    f"shared SSE vectors not found at {VECTORS_PATH}: clone beside the project's shared/ "
-    "folder or set QWENWEB_SHARED_DIR"
-)
+# The project's copy of the shared parser vectors (tests/vectors/README.md).
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "vectors" / "sse" / "parser-cases.json"
 
 
 def _vectors(key: str) -> list[Any]:
-    if not VECTORS_PATH.exists():
-        if os.environ.get("CI"):  # CI always has shared/ beside the clone: never skip there
-            raise FileNotFoundError(VECTORS_MISSING)
-        return [pytest.param(None, id="vectors-missing", marks=pytest.mark.skip(VECTORS_MISSING))]
     cases: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text("utf-8"))[key]
+    assert cases, f"no {key} in {VECTORS_PATH}"
     return [pytest.param(case, id=case["name"]) for case in cases]
 
 
@@ -101,7 +89,7 @@ def _assert_matches_case(rec: Recorder, case: dict[str, Any]) -> None:
     assert rec.retries == case["retries"]
 
 
-# --- shared vectors -----------------------------------------------------------------
+# --- the parser vectors (tests/vectors/sse/) -----------------------------------------
 
 
 @pytest.mark.parametrize("case", _vectors("cases"))
