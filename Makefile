@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
+.PHONY: system-deps apt-packages setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,20 +15,39 @@ $(STAMP): requirements.txt requirements-dev.txt
 setup: $(STAMP)
 
 # What the tests need from the system (Debian's packages; root, as on CI): Node for the
-# parser tests, Chromium for the browser tests (never a test tool's own browser download),
-# npm for axe-core (package.json / package-lock.json: `npm ci` into node_modules/, which
-# the accessibility tests inject into the pages), and redis-server: the Redis end-to-end
-# tests start private ones, and a few use the one at 127.0.0.1:6379 (under a key prefix of
-# their own, never flushed), started here when none answers.
-system-deps: node_modules/.installed
-	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs; }
-	@[ -x /usr/bin/chromium ] || { apt-get update -qq && apt-get install -y -qq chromium; }
-	@[ -x /usr/bin/redis-server ] || { apt-get update -qq && apt-get install -y -qq redis-server; }
-	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 \
-		|| redis-server --bind 127.0.0.1 --port 6379 --save '' --daemonize yes
+# JavaScript tests, npm for axe-core (package.json / package-lock.json: `npm ci` into
+# node_modules/, which the accessibility tests inject into the pages), Chromium for the
+# browser tests (never a test tool's own browser download) with the fonts its pages render
+# in (DejaVu Sans: what `system-ui` resolves to; Liberation Mono: the monospace), and
+# redis-server: the Redis end-to-end tests start private ones, and a few use the one at
+# 127.0.0.1:6379 (under a key prefix of their own, never flushed), started here when none
+# answers. Only what is missing is installed, named on one line first, without the
+# packages Debian merely recommends (Chromium's alone would bring udev, avahi-daemon and
+# a hundred more); with everything present it installs nothing and says so.
+system-deps: apt-packages node_modules/.installed
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || { \
+		echo "starting redis-server on 127.0.0.1:6379 (none answered; the Redis tests use it)"; \
+		redis-server --bind 127.0.0.1 --port 6379 --save '' --daemonize yes; }
 
-node_modules/.installed: package.json package-lock.json
-	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm; }
+apt-packages:
+	@set -e; packages=""; reasons=""; \
+	want() { packages="$$packages $$1"; reasons="$$reasons$${reasons:+, }$$1 ($$2)"; }; \
+	installed() { dpkg-query -W -f='$${Status}' "$$1" 2>/dev/null | grep -q 'ok installed'; }; \
+	command -v node >/dev/null || want nodejs "the JavaScript tests"; \
+	command -v npm >/dev/null || want npm "npm ci of axe-core"; \
+	[ -x /usr/bin/chromium ] || want chromium "the browser tests"; \
+	installed fonts-dejavu-core || want fonts-dejavu-core "the browser tests' sans-serif"; \
+	installed fonts-liberation || want fonts-liberation "the browser tests' monospace"; \
+	[ -x /usr/bin/redis-server ] || want redis-server "the Redis tests"; \
+	if [ -z "$$packages" ]; then \
+		echo "system packages: node, npm, chromium, its fonts and redis-server are installed"; \
+		exit 0; \
+	fi; \
+	echo "installing $$reasons with apt-get --no-install-recommends"; \
+	apt-get update -q; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$packages
+
+node_modules/.installed: package.json package-lock.json | apt-packages
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
