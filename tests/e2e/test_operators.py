@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,

@@ -26,7 +26,16 @@ INNER = (
     "sessions.hooks",
     "sessions.errors",
 )
-OUTER = ("sessions.ops", "sessions.web", "sessions.admin", "sessions.urls", "sessions.cli")
+OUTER = (
+    "sessions.ops",
+    "sessions.web",
+    "sessions.admin",
+    "sessions.urls",
+    "sessions.serving",
+    "sessions.api_client",
+    "sessions.scripted_agent",
+    "sessions.management",
+)
 
 
 def _module_files() -> Iterator[Path]:
