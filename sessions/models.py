@@ -86,7 +86,7 @@ class UserTokenVersion(models.Model):
     """A user's token version: every token carrying the user's id and a lower ``version``
     is revoked (deactivation, deletion, ``manage.py revoke_tokens --user``, the admin).
 
-    No row means version 0. Written by :mod:`sessions.revocation`, read (cached for at
+    No row means version 0. Written by :mod:`sessions.token_revocation`, read (cached for at
     most a second) by :mod:`sessions.token_versions` when a token is verified.
     """
 

@@ -49,7 +49,7 @@ from sessions.backends.idempotency import (
     IdempotencyStore,
 )
 from sessions.backends.rates import ByteRates, TokenBucket
-from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
+from sessions.backends.revoked_streams import Revocation, RevocationSweep, revoked_frame
 from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
 from sessions.conf import QwenwebConfig

@@ -57,7 +57,7 @@ from sessions.backends.base import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from sessions.backends.revocation import expired_frame, stream_details
+from sessions.backends.revoked_streams import expired_frame, stream_details
 from sessions.bus import (
     DEFAULT_MAX_QUEUED,
     MAX_QUEUED_MAX,
