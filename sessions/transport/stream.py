@@ -86,7 +86,7 @@ from sessions.wire import (
 __all__ = [
     "DRAIN_RETRY_MS",
     "LIMIT_RETRY_MS",
-    "SessionEventStream",
+    "SessionEventsRoute",
     "drain_frame",
     "drain_retry_ms",
 ]
@@ -139,7 +139,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-class SessionEventStream:
+class SessionEventsRoute:
     """The ASGI application for ``/session/<session_id>/events`` (docs/protocol.md).
 
     ``GET`` and ``HEAD`` are served here; any other method is handed to ``fallback``
