@@ -139,17 +139,13 @@ class Listener:
 class Hooks:
     """The announcement point: listeners connect, inner layers announce (module docstring).
 
-    ``shutting_down`` is set by the shutdown sequence: streams the server ends from then
-    on record ``server_shutdown`` rather than ``server_disconnect``. ``draining`` is set
-    when the graceful drain starts (``sessions.ops.lifecycle``): ``/readyz`` answers 503
-    and the stream route refuses new streams with ``stream_error`` (``server_draining``).
+    The process's lifecycle flags (draining, shutting down) are not announcements: they
+    live in :mod:`sessions.process_state`.
     """
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._publish_listeners: tuple[Listener, ...] = ()
-        self.shutting_down = False
-        self.draining = False
 
     def connect(self, listener: Listener) -> None:
         """Add ``listener`` (once; connecting it again does nothing)."""

@@ -54,6 +54,7 @@ from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
+from sessions.process_state import process_state
 from sessions.runtime import ServerLoop
 
 __all__ = [
@@ -211,10 +212,10 @@ class Backend(ABC):
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
 
     def takes_publishes(self) -> bool:
-        """False while this process drains (``hooks.draining``) and its events live only
+        """False while this process drains (``process_state.draining``) and its events live only
         here: an event accepted then would be lost when the process exits, after every
         stream ended (the publish view answers 503 ``draining``)."""
-        return self.events_outlive_process or not self.hooks.draining
+        return self.events_outlive_process or not process_state.draining
 
     @property
     def process_id(self) -> str:

@@ -35,6 +35,7 @@ from sessions.backends import get_backend
 from sessions.conf import get_config
 from sessions.errors import ApiError, error_headers
 from sessions.hooks import hooks
+from sessions.process_state import process_state
 
 __all__ = ["CHECK_TIMEOUT_S", "FORWARDING_HEADERS", "ProbeApplication"]
 
@@ -116,7 +117,7 @@ class ProbeApplication:
 
 async def _ready() -> bytes:
     """The readiness body; raises the 503 ``ApiError`` naming what failed."""
-    if hooks.draining:
+    if process_state.draining:
         raise ApiError(503, "draining", "the server is draining: it takes no new streams")
     checks: dict[str, str] = {}
     try:

@@ -72,6 +72,7 @@ from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
+from sessions.process_state import process_state
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
@@ -186,7 +187,7 @@ class SessionEventsRoute:
             return
         session_id = scope["url_route"]["kwargs"]["session_id"]
         cors = _cors(scope, headers)
-        if self.hooks.draining:
+        if process_state.draining:
             await self._draining(send, session_id, cors)
             return
         backend = self.backend
@@ -380,7 +381,7 @@ class SessionEventsRoute:
         ``operator_disconnect``) is ``(operator_disconnect, "by <who>")``.
         """
         reason = _BUS_END_REASONS.get(subscription.end_reason or "")
-        if reason == _SERVER_DISCONNECT and self.hooks.shutting_down:
+        if reason == _SERVER_DISCONNECT and process_state.shutting_down:
             reason = _SERVER_SHUTDOWN
         note = subscription.end_note
         if reason == _SERVER_DISCONNECT and note and note.get("reason") == OPERATOR_DISCONNECT:

@@ -24,6 +24,7 @@ INNER = (
     "sessions.runtime",
     "sessions.transport",
     "sessions.hooks",
+    "sessions.process_state",
     "sessions.errors",
 )
 OUTER = (

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sessions.hooks import hooks
 from sessions.ops import lifecycle
+from sessions.process_state import process_state
 
 pytestmark = pytest.mark.asyncio
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.asyncio
 def listener() -> Iterator[lifecycle.Lifecycle]:
     """A lifecycle of the test's own (nothing signalled yet)."""
     yield lifecycle.Lifecycle()
-    hooks.shutting_down = False
+    process_state.shutting_down = False
 
 
 async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handler(listener):
@@ -31,7 +31,7 @@ async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handle
     seen: list[bool] = []
 
     def server_handler(signum, frame):
-        seen.append(hooks.shutting_down)  # our sequence ran first
+        seen.append(process_state.shutting_down)  # our sequence ran first
         called.set()
 
     handler = listener.chained_handler(loop, server_handler)
@@ -65,7 +65,7 @@ async def test_drain_signal_starts_the_drain_without_the_shutdown(listener):
     handler = listener.drain_handler(loop)
     handler(lifecycle.DRAIN_SIGNAL, None)
     async with asyncio.timeout(2):
-        while not hooks.draining:
+        while not process_state.draining:
             await asyncio.sleep(0)  # the handler hands the start to the loop
-    assert hooks.draining
-    hooks.draining = False
+    assert process_state.draining
+    process_state.draining = False
