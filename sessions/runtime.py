@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+from asgiref.sync import async_to_sync
 
 from sessions.hooks import Hooks
 
@@ -27,6 +28,17 @@ _T = TypeVar("_T")
 
 class ServerLoopUnavailableError(RuntimeError):
     """Raised when work must run on the server's loop and there is none (or it is closed)."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def _current_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
@@ -138,10 +150,11 @@ class ServerLoop:
         """From a sync view's worker thread: return the server loop, adopting the request's.
 
         When this process has no server loop yet (it never built a bus), the loop serving
-        this thread's request becomes it (:meth:`attach` runs there): the loop asgiref's
-        ``SyncToAsync`` recorded for this thread, which is the one Django's
-        ``ASGIHandler`` runs on. For operator actions that must reach other processes from
-        a process that has loaded nothing. Returns None outside a request served over
+        this thread's request becomes it (:meth:`attach` runs there): the loop
+        ``asgiref.sync.async_to_sync`` runs coroutines on from this thread, which is the
+        one Django's ``ASGIHandler`` runs on (it awaits this thread, so it answers). For
+        operator actions that must reach other processes from a process that has loaded
+        nothing. Returns None outside a request served over
         ASGI (Django's test client, WSGI).
 
         Raises:
@@ -150,17 +163,13 @@ class ServerLoop:
         loop = self.get()
         if loop is not None:
             return loop
-        from asgiref.sync import SyncToAsync
-
-        local = SyncToAsync.threadlocal
-        request_loop: asyncio.AbstractEventLoop | None = getattr(local, "main_event_loop", None)
-        if (
-            request_loop is None
-            or getattr(local, "main_event_loop_pid", None) != os.getpid()
-            or request_loop.is_closed()
-            or not request_loop.is_running()
-            or _on_loop_thread(request_loop)
-        ):
+        if _running_loop() is not None:
+            return None  # a thread that runs a loop serves no sync view (async_to_sync refuses it)
+        # asgiref's public bridge runs the coroutine on the loop of this thread's request
+        # (SyncToAsync's caller, same process); without one it runs it on a loop of its own,
+        # closed when async_to_sync returns.
+        request_loop = async_to_sync(_current_loop)()
+        if request_loop.is_closed() or not request_loop.is_running():
             return None
 
         async def attach() -> asyncio.AbstractEventLoop:
