@@ -186,11 +186,6 @@ class SubscriberConnection(models.Model):
     def __str__(self) -> str:
         return f"{self.subject or self.client_addr or 'anonymous'} · {self.id}"
 
-    @property
-    def is_open(self) -> bool:
-        """Whether no end was recorded yet (still streaming, or the process died)."""
-        return self.closed_at is None
-
 
 class SubscriberIncident(models.Model):
     """One ``slow_client_warning`` or ``client_evicted`` frame written to a subscriber.

@@ -109,6 +109,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Fail a test that leaves a Redis store open once its fixtures are torn down."""
     yield
     dropped = backends.set(None)
-    store = getattr(dropped, "open_store", None)
+    store = backend.open_store(dropped)
     if store is not None:
         pytest.fail(f"{item.nodeid} left its Redis store open (loop {store.loop!r})")

@@ -582,18 +582,6 @@ class Backend(ABC):
         live = self.registry.get(session_id)
         return Disconnected(live.bus.disconnect_all(reason) if live is not None else 0, 0)
 
-    async def disconnect_subscribers(self, session_id: str, *, reason: str) -> int:
-        """:meth:`disconnect_everywhere`, returning the count in this process.
-
-        Raises :class:`BackendUnavailableError` when the other processes were not told.
-        """
-        done = await self.disconnect_everywhere(session_id, reason=reason)
-        if done.told is None:
-            raise BackendUnavailableError(
-                "the event store is unavailable: no other process was told"
-            )
-        return done.here
-
     def end_all_streams(self, reason: str) -> int:
         """End every subscriber of every loaded session (shutdown); return how many."""
         return sum(live.bus.disconnect_all(reason) for live in self.registry.values())
@@ -677,7 +665,3 @@ class Backend(ABC):
     async def aclose(self) -> None:
         """Release what the backend holds (connections, tasks). Idempotent; never raises."""
         self.revocation_sweep.stop()
-
-    def forget(self) -> None:
-        """Drop every loaded session without ending anything (tests: a new process)."""
-        self.registry.clear()
