@@ -3,7 +3,7 @@
 These tests select the backend themselves (whatever the run's backend) under a key prefix
 of their own, deleted at the end; data loss is simulated by deleting one session's keys,
 never by flushing the shared Redis (``tests/e2e/test_redis_faults.py`` flushes a private
-one). The route is driven through the ASGI application, as in ``test_stream.py``.
+one). The route is driven through the ASGI application, as in ``test_stream_*.py``.
 """
 
 from __future__ import annotations
