@@ -173,6 +173,11 @@ async def close(session_id: str, token: str | None = None) -> Response:
     return await call("POST", f"/session/{session_id}/close", headers=bearer(token))
 
 
+def ids_of(frames: list[dict[str, Any]]) -> list[int]:
+    """The ids of the real events among ``frames`` (synthetic frames carry none, EB-18)."""
+    return [f["id"] for f in frames if "id" in f]
+
+
 def live_bus(session_id: str) -> Any:
     """The bus of a loaded session in this process (the test runs on the server's loop)."""
     live = get_backend().registry.get(session_id)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -21,6 +20,7 @@ from tests.integration.conftest import (
     assert_error,
     bearer,
     burst,
+    ids_of,
     load,
     login_cookie,
     publish,
@@ -29,10 +29,6 @@ from tests.integration.conftest import (
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def _ids(frames: list[dict[str, Any]]) -> list[int]:
-    return [f["id"] for f in frames if "id" in f]
 
 
 # -- EB-12: authentication ---------------------------------------------------------------
@@ -226,7 +222,7 @@ async def test_last_event_id_with_leading_zeros_is_a_valid_cursor(make_session, 
     stream = await stream_of(sid, headers={"last-event-id": "0002"})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [3]
+    assert ids_of(stream.frames) == [3]
 
 
 async def test_last_event_id_at_max_safe_integer_is_a_valid_cursor(make_session, stream_of):
@@ -247,7 +243,7 @@ async def test_invalid_event_epoch_is_ignored_with_a_log_line(make_session, stre
     stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [2]
+    assert ids_of(stream.frames) == [2]
     assert len(records(logs, "epoch_rejected")) == 1
 
 
@@ -259,7 +255,7 @@ async def test_matching_event_epoch_replays_after_the_cursor(make_session, strea
     stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [2]
+    assert ids_of(stream.frames) == [2]
 
 
 async def test_mismatched_event_epoch_gives_epoch_reset_and_replays_whole_ring(
@@ -276,7 +272,7 @@ async def test_mismatched_event_epoch_gives_epoch_reset_and_replays_whole_ring(
         "earliestAvailableId": 1,
         "detail": "epoch_mismatch",
     }
-    assert _ids(stream.frames) == [1, 2]
+    assert ids_of(stream.frames) == [1, 2]
 
 
 # -- EB-14: ?maxQueued -------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from sessions.wire import FrameEncoder
 from tests.integration.conftest import (
     burst,
     close,
+    ids_of,
     live_bus,
     load,
     publish,
@@ -26,10 +26,6 @@ from tests.integration.conftest import (
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def _ids(frames: list[dict[str, Any]]) -> list[int]:
-    return [f["id"] for f in frames if "id" in f]
 
 
 # -- EB-4, EB-5 through the route: a client that stops reading ----------------------------
@@ -46,7 +42,7 @@ async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_end
     assert stream.types[-1] == "client_evicted"
     assert "slow_client_warning" in stream.types
     evicted = stream.frames[-1]["data"]
-    delivered = _ids(stream.frames)
+    delivered = ids_of(stream.frames)
     assert delivered == list(range(1, len(delivered) + 1))
     assert evicted["reason"] == "queue_overflow"
     assert evicted["droppedAfter"] == delivered[-1] + 1

@@ -7,12 +7,11 @@ sections in quotes.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from sessions.backends import get_backend
 from tests.integration.conftest import (
+    ids_of,
     load,
     publish,
     publish_many,
@@ -20,10 +19,6 @@ from tests.integration.conftest import (
 from tests.support.backend import memory_only, redis_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def _ids(frames: list[dict[str, Any]]) -> list[int]:
-    return [f["id"] for f in frames if "id" in f]
 
 
 # -- EB-7 through the route: replay ------------------------------------------------------
@@ -39,7 +34,7 @@ async def test_cursor_replays_exactly_the_missed_events_then_goes_live(make_sess
     await publish(sid, {"type": "live"})
     await stream.read_until_type("live")
     assert stream.types == ["step"] * 3 + ["replay_complete", "live"]
-    assert _ids(stream.frames) == [3, 4, 5, 6]
+    assert ids_of(stream.frames) == [3, 4, 5, 6]
 
 
 async def test_cursor_zero_replays_the_whole_ring(make_session, stream_of):
@@ -48,7 +43,7 @@ async def test_cursor_zero_replays_the_whole_ring(make_session, stream_of):
     await publish_many(sid, 3)
     stream = await stream_of(sid, headers={"last-event-id": "0"})
     complete = await stream.read_until_type("replay_complete")
-    assert _ids(stream.frames) == [1, 2, 3]
+    assert ids_of(stream.frames) == [1, 2, 3]
     assert "state_resync_required" not in stream.types
     assert complete["data"] == {"replayedCount": 3, "lastReplayedEventId": 3}
 
@@ -88,7 +83,7 @@ async def test_cursor_behind_the_ring_gives_ring_evicted_then_the_survivors(
         "data": {"reason": "ring_evicted", "lastDeliveredId": 1, "earliestAvailableId": 4},
         "_meta": stream.frames[0]["_meta"],
     }
-    assert _ids(stream.frames) == [4, 5, 6]
+    assert ids_of(stream.frames) == [4, 5, 6]
     assert stream.types[-1] == "replay_complete"
 
 
@@ -99,7 +94,7 @@ async def test_cursor_just_before_the_ring_is_not_a_gap(make_session, stream_of)
     stream = await stream_of(sid, headers={"last-event-id": "3"})
     await stream.read_until_type("replay_complete")
     assert "state_resync_required" not in stream.types
-    assert _ids(stream.frames) == [4, 5, 6]
+    assert ids_of(stream.frames) == [4, 5, 6]
 
 
 async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_session, stream_of):
@@ -113,7 +108,7 @@ async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_
         "lastDeliveredId": 3,
         "earliestAvailableId": 1,
     }
-    assert _ids(stream.frames) == [1, 2]
+    assert ids_of(stream.frames) == [1, 2]
 
 
 # -- "Ids and epochs": a restarted server -------------------------------------------------
@@ -138,7 +133,7 @@ async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbe
     resync = stream.frames[0]
     assert resync["type"] == "state_resync_required"
     assert resync["data"]["reason"] in {"ring_evicted", "epoch_reset"}
-    assert _ids(stream.frames) == []
+    assert ids_of(stream.frames) == []
 
 
 @RESTART_STARTS_A_NEW_SEQUENCE
@@ -149,10 +144,10 @@ async def test_ids_after_restart_continue_above_every_old_id(make_session, strea
     get_backend().registry.clear()
     stream = await stream_of(sid, headers={"last-event-id": str(old_ids[-1])})
     new_ids = await publish_many(sid, 2)
-    await stream.read_until(lambda s: len(_ids(s.frames)) == 2)
+    await stream.read_until(lambda s: len(ids_of(s.frames)) == 2)
     assert new_ids[0] > old_ids[-1]
     assert new_ids[1] == new_ids[0] + 1
-    assert _ids(stream.frames) == new_ids
+    assert ids_of(stream.frames) == new_ids
     assert stream.types[0] == "state_resync_required"
 
 
@@ -168,7 +163,7 @@ async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
     stream = await stream_of(sid, headers={"last-event-id": "3"})
     await stream.read_until_type("replay_complete")
     assert stream.frames[0]["data"]["reason"] in {"ring_evicted", "epoch_reset"}
-    assert _ids(stream.frames) == new_ids
+    assert ids_of(stream.frames) == new_ids
     assert min(new_ids) > 3
 
 
@@ -197,7 +192,7 @@ async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session,
     stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
     assert "state_resync_required" not in stream.types
-    assert _ids(stream.frames) == new_ids == [4, 5]
+    assert ids_of(stream.frames) == new_ids == [4, 5]
 
 
 async def test_ids_continue_above_the_renewed_reservation_after_restart(

@@ -1,6 +1,12 @@
-"""Helpers of the bus's unit tests (tests/unit/test_bus_*.py): events of a known size,
-bounded reads, one-line log checks. Caps stay tiny in the tests so every edge is two or
-three publishes away; every wait here is bounded by ``asyncio.timeout``."""
+"""Helpers of the bus's unit tests (``tests/unit/test_bus_*.py``): events of a known size,
+bounded reads, one-line log checks.
+
+Those tests are written from the contract: ``docs/protocol.md``, its rule index, "Frames"
+(the envelope) and "Errors and limits" (the constants); comments name those sections in
+quotes and each test cites the rule it checks. Caps are tiny (ring 3, max_queued 2 or 4,
+byte caps of a few hundred bytes) so that every edge is two or three publishes away. Every
+wait is bounded by ``asyncio.timeout``.
+"""
 
 from __future__ import annotations
 

@@ -2,10 +2,7 @@
 read-only state and stats (EB-10), the concurrency model (EB-11), ending subscribers
 without closing (``disconnect_all``, ``disconnect``) and listing them (``subscriptions``).
 
-Source: ``docs/protocol.md``: its rule index, "Frames" (the envelope) and "Errors and limits"
-(the constants); comments name those sections in quotes. Each test cites the rule it checks.
-Caps are tiny (ring 3, max_queued 2 or 4, byte caps of a few hundred bytes) so that every
-edge is two or three publishes away. Every wait is bounded by ``asyncio.timeout``.
+Written from the contract (``docs/protocol.md``) as ``tests/unit/bus_support.py`` says.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Publishing and the envelope (EB-2, "Frames"): ``EventBus.publish`` and
 ``sessions.bus.frame``.
 
-Source: ``docs/protocol.md``: its rule index, "Frames" (the envelope) and "Errors and limits"
-(the constants); comments name those sections in quotes. Each test cites the rule it checks.
-Caps are tiny (ring 3, max_queued 2 or 4, byte caps of a few hundred bytes) so that every
-edge is two or three publishes away. Every wait is bounded by ``asyncio.timeout``.
+Written from the contract (``docs/protocol.md``) as ``tests/unit/bus_support.py`` says.
 """
 
 from __future__ import annotations
@@ -17,18 +14,8 @@ from typing import Any
 
 import pytest
 
-from sessions.bus import (
-    EventBus,
-)
-from tests.unit.bus_support import (
-    assert_one_line,
-    drain,
-    ev,
-    pub,
-    size,
-    take,
-    wire,
-)
+from sessions.bus import EventBus
+from tests.unit.bus_support import assert_one_line, drain, ev, pub, size, take, wire
 
 pytestmark = pytest.mark.asyncio
 

@@ -2,10 +2,7 @@
 ``slow_client_warning`` (EB-4), eviction (EB-5), abort (EB-8), cancellation safety, its
 cursor and end reason, the log lines that name it, ``next_frame``.
 
-Source: ``docs/protocol.md``: its rule index, "Frames" (the envelope) and "Errors and limits"
-(the constants); comments name those sections in quotes. Each test cites the rule it checks.
-Caps are tiny (ring 3, max_queued 2 or 4, byte caps of a few hundred bytes) so that every
-edge is two or three publishes away. Every wait is bounded by ``asyncio.timeout``.
+Written from the contract (``docs/protocol.md``) as ``tests/unit/bus_support.py`` says.
 """
 
 from __future__ import annotations
@@ -16,20 +13,8 @@ from typing import Any
 
 import pytest
 
-from sessions.bus import (
-    EventBus,
-    Subscription,
-)
-from tests.unit.bus_support import (
-    assert_one_line,
-    drain,
-    ev,
-    label,
-    pub,
-    publish_n,
-    size,
-    take,
-)
+from sessions.bus import EventBus, Subscription
+from tests.unit.bus_support import assert_one_line, drain, ev, label, pub, publish_n, size, take
 
 pytestmark = pytest.mark.asyncio
 

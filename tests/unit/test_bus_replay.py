@@ -1,30 +1,15 @@
 """Subscribing (EB-6) and replay from a cursor (EB-7): ``EventBus.subscribe`` and
 ``sessions.bus.replay``.
 
-Source: ``docs/protocol.md``: its rule index, "Frames" (the envelope) and "Errors and limits"
-(the constants); comments name those sections in quotes. Each test cites the rule it checks.
-Caps are tiny (ring 3, max_queued 2 or 4, byte caps of a few hundred bytes) so that every
-edge is two or three publishes away. Every wait is bounded by ``asyncio.timeout``.
+Written from the contract (``docs/protocol.md``) as ``tests/unit/bus_support.py`` says.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sessions.bus import (
-    EventBus,
-    SubscriberLimitExceededError,
-    Subscription,
-)
-from tests.unit.bus_support import (
-    drain,
-    ev,
-    label,
-    pub,
-    publish_n,
-    size,
-    take,
-)
+from sessions.bus import EventBus, SubscriberLimitExceededError, Subscription
+from tests.unit.bus_support import drain, ev, label, pub, publish_n, size, take
 
 pytestmark = pytest.mark.asyncio
 
