@@ -58,6 +58,16 @@ def _submit(
     return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coroutine, loop)
 
 
+def _wait_for(future: concurrent.futures.Future[_T], timeout_s: float, loop_name: str) -> _T:
+    """The result of ``future``; after ``timeout_s`` it is cancelled and TimeoutError
+    (naming ``loop_name``) raised. Whatever the coroutine raised is raised here."""
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"{loop_name} did not answer within {timeout_s} s") from None
+
+
 class ServerLoop:
     """The one event loop of this process that owns the buses, and the bridge to it.
 
@@ -106,12 +116,7 @@ class ServerLoop:
             raise ServerLoopUnavailableError("no server event loop in this process")
         if _on_loop_thread(loop):
             raise RuntimeError("ServerLoop.run() called on the server loop; await instead")
-        future = _submit(coroutine(), loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the server loop did not answer within {timeout_s} s") from None
+        return _wait_for(_submit(coroutine(), loop), timeout_s, "the server loop")
 
     def call(self, function: Callable[[], _T], *, default: _T, timeout_s: float = 5.0) -> _T:
         """Return ``function()`` computed on the server's loop (directly if this is it).
@@ -175,9 +180,4 @@ class ServerLoop:
         async def attach() -> asyncio.AbstractEventLoop:
             return self.attach()
 
-        future = _submit(attach(), request_loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the request's loop did not answer within {timeout_s} s") from None
+        return _wait_for(_submit(attach(), request_loop), timeout_s, "the request's loop")

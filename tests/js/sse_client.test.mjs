@@ -28,16 +28,22 @@ describe("connection wait: no response headers after connectWaitMs", () => {
     return held;
   }
 
-  test("after connectWaitMs without headers the client says so, keeps waiting, and clears it on the answer", T, async () => {
+  /** A started stream on a held fetch and fake timers, recording its connection-wait calls. */
+  function waitingStream(options = {}) {
     const timers = fakeTimers();
     const held = heldFetch();
     const waits = [];
     const stream = new SessionEventStream({
-      url: URL_, getToken: () => "t", fetch: held.fetch, connectWaitMs: 5000,
+      url: URL_, getToken: () => "t", fetch: held.fetch, ...options,
       setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
       onConnectionWait: (waiting) => waits.push(waiting),
     });
     stream.start();
+    return { timers, held, waits, stream };
+  }
+
+  test("after connectWaitMs without headers the client says so, keeps waiting, and clears it on the answer", T, async () => {
+    const { timers, held, waits, stream } = waitingStream({ connectWaitMs: 5000 });
     await until(() => held.calls === 1, "fetch issued");
     assert.deepEqual(timers.pending, [5000]);
     timers.fire();
@@ -51,15 +57,7 @@ describe("connection wait: no response headers after connectWaitMs", () => {
   });
 
   test("an answer before connectWaitMs never raises the notice", T, async () => {
-    const timers = fakeTimers();
-    const held = heldFetch();
-    const waits = [];
-    const stream = new SessionEventStream({
-      url: URL_, getToken: () => "t", fetch: held.fetch,
-      setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
-      onConnectionWait: (waiting) => waits.push(waiting),
-    });
-    stream.start();
+    const { timers, held, waits, stream } = waitingStream();
     await until(() => held.calls === 1, "fetch issued");
     held.answer();
     await until(() => stream.state === "open", "open");
@@ -69,15 +67,7 @@ describe("connection wait: no response headers after connectWaitMs", () => {
   });
 
   test("close() while waiting clears the notice", T, async () => {
-    const timers = fakeTimers();
-    const held = heldFetch();
-    const waits = [];
-    const stream = new SessionEventStream({
-      url: URL_, getToken: () => "t", fetch: held.fetch,
-      setTimeout: timers.setTimeout, clearTimeout: timers.clearTimeout,
-      onConnectionWait: (waiting) => waits.push(waiting),
-    });
-    stream.start();
+    const { timers, held, waits, stream } = waitingStream();
     await until(() => held.calls === 1, "fetch issued");
     timers.fire();
     stream.close();
