@@ -25,7 +25,7 @@ from tests.support.server import (
     redis_cluster,
     wait_for,
 )
-from tests.support.staff import StaffClient, staffed_database
+from tests.support.staff import StaffClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
@@ -36,15 +36,12 @@ CHANGELIST = "/admin/agent_sessions/agentsession/"
 Start = Callable[[str], ServerProcess]
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return staffed_database(tmp_path_factory.mktemp("redis-operators"))
-
-
 @pytest.fixture
-def start(database: Path, tmp_path: Path) -> Iterator[Start]:
+def start(staff_database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process in this test's cluster (Redis backend, own prefix)."""
-    with redis_cluster(database, tmp_path, QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S)) as cluster:
+    with redis_cluster(
+        staff_database, tmp_path, QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S)
+    ) as cluster:
         yield cluster
 
 

@@ -25,7 +25,7 @@ from tests.support.server import (
     redis_cluster,
     wait_for,
 )
-from tests.support.staff import USERNAME, StaffClient, staffed_database
+from tests.support.staff import USERNAME, StaffClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
@@ -36,16 +36,11 @@ WAIT_S = 10.0
 Start = Callable[[str], ServerProcess]
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return staffed_database(tmp_path_factory.mktemp("redis-subscribers"))
-
-
 @pytest.fixture
-def start(database: Path, tmp_path: Path) -> Iterator[Start]:
+def start(staff_database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process of this test's cluster (Redis, a prefix of its own)."""
     with redis_cluster(
-        database, tmp_path,
+        staff_database, tmp_path,
         QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S), QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.2",
     ) as cluster:  # fmt: skip
         yield cluster
