@@ -25,7 +25,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connections
-from django.test import AsyncClient
+from django.test import AsyncClient, Client
 
 from qwenweb.asgi import application
 from sessions.auth import issue_token
@@ -360,6 +360,15 @@ def make_session() -> Callable[..., Awaitable[str]]:
         return row.id
 
     return _make
+
+
+@pytest.fixture
+def staff() -> Client:
+    """A Django test client logged in as a superuser (``root``), for the admin's pages."""
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture
