@@ -1,6 +1,6 @@
 """ASGI entry point: Channels routes the event stream in front of Django (EB-22).
 
-``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventStream`, a plain
+``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventsRoute`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
 including ``POST`` to the same path, goes to Django. The ASGI ``lifespan`` scope goes to
@@ -24,10 +24,10 @@ from django.urls import path, re_path  # noqa: E402
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
-from sessions.transport.stream import SessionEventStream  # noqa: E402
+from sessions.transport.stream import SessionEventsRoute  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
-stream_application: Any = SessionEventStream(django_application)
+stream_application: Any = SessionEventsRoute(django_application)
 
 router = ProtocolTypeRouter(
     {

@@ -16,7 +16,7 @@ Usage::
 Bad input exits with status 2 and one line saying what is wrong, before any server
 starts: an unknown ``--server`` (the choices are listed), a ``-b`` that is not an IP
 address, a ``-p`` outside 1 … 65535, an address and port that cannot be bound (in use:
-which ``address:port``, and how to choose another; :mod:`sessions.cli.listen`, the rule
+which ``address:port``, and how to choose another; :mod:`sessions.serving.listen`, the rule
 ``manage.py demo`` uses too), a certificate or key that is missing or unreadable (the file
 is named), only one of the two, a certificate or key that ``ssl`` cannot load (not PEM,
 encrypted, or a key of another certificate: :func:`check_tls`), ``--workers`` above 1 with
@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import Final, NoReturn
 
 from qwenweb.granian_server import APPLICATION, StaticMount
-from sessions.cli.listen import (
+from sessions.ops.parent_death import die_with_parent_from_environment
+from sessions.serving.listen import (
     CannotListen,
     another_port,
     check_address,
     check_can_listen,
     check_port,
 )
-from sessions.ops.parent_death import die_with_parent_from_environment
 
 SERVERS: Final = ("granian", "daphne")
 """The ``--server`` choices; the first is the default."""
@@ -165,7 +165,7 @@ def _readable(option: str, path: Path | None) -> Path | None:
 
 
 def _check_listen_options(bind: str, port: int) -> None:
-    """``-b`` an IP address, ``-p`` 1 … 65535 (:mod:`sessions.cli.listen`), or exit 2."""
+    """``-b`` an IP address, ``-p`` 1 … 65535 (:mod:`sessions.serving.listen`), or exit 2."""
     try:
         check_address(bind)
     except CannotListen as exc:
@@ -179,7 +179,7 @@ def _check_listen_options(bind: str, port: int) -> None:
 def _check_can_listen(bind: str, port: int) -> None:
     """Exit 2 when ``bind:port`` cannot be bound now: called just before the server
     starts (a port taken in between still fails in the server: see
-    :func:`sessions.cli.listen.check_can_listen`)."""
+    :func:`sessions.serving.listen.check_can_listen`)."""
     try:
         check_can_listen(bind, port)
     except CannotListen as exc:

@@ -45,8 +45,8 @@ from sessions.backends import get_backend
 from sessions.backends.base import BackendUnavailableError, SessionClosedError
 from sessions.bus import BusStats
 from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
-from sessions.revocation import revoke_session_tokens, revoke_user_tokens
 from sessions.runtime import ServerLoopUnavailableError
+from sessions.token_revocation import revoke_session_tokens, revoke_user_tokens
 
 __all__ = [
     "AgentSessionAdmin",

@@ -3,7 +3,7 @@
 ``ready()`` wires the operator side to what the inner layers announce: the records
 writer, the dashboard feed, the lifecycle and the metrics listen to
 :data:`sessions.hooks.hooks`, and the feed hears of new sessions through ``post_save``,
-and deactivating or deleting a user revokes their tokens (:mod:`sessions.revocation`).
+and deactivating or deleting a user revokes their tokens (:mod:`sessions.token_revocation`).
 Nothing in the bus, wire format, backends, runtime or transport imports them.
 """
 
@@ -24,7 +24,7 @@ class SessionsConfig(AppConfig):
 
         from sessions import (
             checks,  # noqa: F401  (registers the system checks)
-            revocation,
+            token_revocation,
         )
         from sessions.conf import get_config
         from sessions.hooks import hooks
@@ -47,4 +47,4 @@ class SessionsConfig(AppConfig):
         post_save.connect(
             dashboard.session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created"
         )
-        revocation.connect_signals()
+        token_revocation.connect_signals()

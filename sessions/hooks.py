@@ -139,17 +139,13 @@ class Listener:
 class Hooks:
     """The announcement point: listeners connect, inner layers announce (module docstring).
 
-    ``shutting_down`` is set by the shutdown sequence: streams the server ends from then
-    on record ``server_shutdown`` rather than ``server_disconnect``. ``draining`` is set
-    when the graceful drain starts (``sessions.ops.lifecycle``): ``/readyz`` answers 503
-    and the stream route refuses new streams with ``stream_error`` (``server_draining``).
+    The process's lifecycle flags (draining, shutting down) are not announcements: they
+    live in :mod:`sessions.process_state`.
     """
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
         self._publish_listeners: tuple[Listener, ...] = ()
-        self.shutting_down = False
-        self.draining = False
 
     def connect(self, listener: Listener) -> None:
         """Add ``listener`` (once; connecting it again does nothing)."""
@@ -193,43 +189,33 @@ class Hooks:
 
     def session_closed(self, session_id: str, last_event_id: int) -> None:
         """Announce that ``session_id`` was closed at ``last_event_id``."""
-        for listener in self._listeners:
-            try:
-                listener.session_closed(session_id, last_event_id)
-            except Exception:
-                logger.exception("listener_failed hook=session_closed listener=%r", listener)
+        _announce(self._listeners, "session_closed", session_id, last_event_id)
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Announce the server's event loop."""
-        for listener in self._listeners:
-            try:
-                listener.loop_attached(loop)
-            except Exception:
-                logger.exception("listener_failed hook=loop_attached listener=%r", listener)
+        _announce(self._listeners, "loop_attached", loop)
 
     def activity_received(self, items: Sequence[Mapping[str, Any]]) -> None:
         """Hand activity relayed from another process to the listeners."""
-        for listener in self._listeners:
-            try:
-                listener.activity_received(items)
-            except Exception:
-                logger.exception("listener_failed hook=activity_received listener=%r", listener)
+        _announce(self._listeners, "activity_received", items)
 
     def event_published(self, session_id: str) -> None:
         """Announce one event accepted by this process's backend (never raises)."""
-        for listener in self._publish_listeners:
-            try:
-                listener.event_published(session_id)
-            except Exception:
-                logger.exception("listener_failed hook=event_published listener=%r", listener)
+        _announce(self._publish_listeners, "event_published", session_id)
 
     def request_rejected(self, status: int, code: str) -> None:
         """Announce a request answered with the JSON error envelope (never raises)."""
-        for listener in self._listeners:
-            try:
-                listener.request_rejected(status, code)
-            except Exception:
-                logger.exception("listener_failed hook=request_rejected listener=%r", listener)
+        _announce(self._listeners, "request_rejected", status, code)
+
+
+def _announce(listeners: Sequence[Listener], hook: str, *args: Any) -> None:
+    """Call ``listener.<hook>(*args)`` on each of ``listeners``; a failing one is logged and
+    the others still run. Never raises."""
+    for listener in listeners:
+        try:
+            getattr(listener, hook)(*args)
+        except Exception:
+            logger.exception("listener_failed hook=%s listener=%r", hook, listener)
 
 
 hooks = Hooks()

@@ -86,7 +86,7 @@ class UserTokenVersion(models.Model):
     """A user's token version: every token carrying the user's id and a lower ``version``
     is revoked (deactivation, deletion, ``manage.py revoke_tokens --user``, the admin).
 
-    No row means version 0. Written by :mod:`sessions.revocation`, read (cached for at
+    No row means version 0. Written by :mod:`sessions.token_revocation`, read (cached for at
     most a second) by :mod:`sessions.token_versions` when a token is verified.
     """
 
@@ -185,11 +185,6 @@ class SubscriberConnection(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject or self.client_addr or 'anonymous'} · {self.id}"
-
-    @property
-    def is_open(self) -> bool:
-        """Whether no end was recorded yet (still streaming, or the process died)."""
-        return self.closed_at is None
 
 
 class SubscriberIncident(models.Model):

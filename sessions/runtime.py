@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+from asgiref.sync import async_to_sync
 
 from sessions.hooks import Hooks
 
@@ -27,6 +28,17 @@ _T = TypeVar("_T")
 
 class ServerLoopUnavailableError(RuntimeError):
     """Raised when work must run on the server's loop and there is none (or it is closed)."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def _current_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
@@ -44,6 +56,16 @@ def _submit(
     thread carries asgiref's ``ThreadSensitiveContext``, which would send the coroutine's
     ``database_sync_to_async`` calls to that very thread, blocked waiting for it."""
     return contextvars.Context().run(asyncio.run_coroutine_threadsafe, coroutine, loop)
+
+
+def _wait_for(future: concurrent.futures.Future[_T], timeout_s: float, loop_name: str) -> _T:
+    """The result of ``future``; after ``timeout_s`` it is cancelled and TimeoutError
+    (naming ``loop_name``) raised. Whatever the coroutine raised is raised here."""
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"{loop_name} did not answer within {timeout_s} s") from None
 
 
 class ServerLoop:
@@ -94,12 +116,7 @@ class ServerLoop:
             raise ServerLoopUnavailableError("no server event loop in this process")
         if _on_loop_thread(loop):
             raise RuntimeError("ServerLoop.run() called on the server loop; await instead")
-        future = _submit(coroutine(), loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the server loop did not answer within {timeout_s} s") from None
+        return _wait_for(_submit(coroutine(), loop), timeout_s, "the server loop")
 
     def call(self, function: Callable[[], _T], *, default: _T, timeout_s: float = 5.0) -> _T:
         """Return ``function()`` computed on the server's loop (directly if this is it).
@@ -138,10 +155,11 @@ class ServerLoop:
         """From a sync view's worker thread: return the server loop, adopting the request's.
 
         When this process has no server loop yet (it never built a bus), the loop serving
-        this thread's request becomes it (:meth:`attach` runs there): the loop asgiref's
-        ``SyncToAsync`` recorded for this thread, which is the one Django's
-        ``ASGIHandler`` runs on. For operator actions that must reach other processes from
-        a process that has loaded nothing. Returns None outside a request served over
+        this thread's request becomes it (:meth:`attach` runs there): the loop
+        ``asgiref.sync.async_to_sync`` runs coroutines on from this thread, which is the
+        one Django's ``ASGIHandler`` runs on (it awaits this thread, so it answers). For
+        operator actions that must reach other processes from a process that has loaded
+        nothing. Returns None outside a request served over
         ASGI (Django's test client, WSGI).
 
         Raises:
@@ -150,25 +168,16 @@ class ServerLoop:
         loop = self.get()
         if loop is not None:
             return loop
-        from asgiref.sync import SyncToAsync
-
-        local = SyncToAsync.threadlocal
-        request_loop: asyncio.AbstractEventLoop | None = getattr(local, "main_event_loop", None)
-        if (
-            request_loop is None
-            or getattr(local, "main_event_loop_pid", None) != os.getpid()
-            or request_loop.is_closed()
-            or not request_loop.is_running()
-            or _on_loop_thread(request_loop)
-        ):
+        if _running_loop() is not None:
+            return None  # a thread that runs a loop serves no sync view (async_to_sync refuses it)
+        # asgiref's public bridge runs the coroutine on the loop of this thread's request
+        # (SyncToAsync's caller, same process); without one it runs it on a loop of its own,
+        # closed when async_to_sync returns.
+        request_loop = async_to_sync(_current_loop)()
+        if request_loop.is_closed() or not request_loop.is_running():
             return None
 
         async def attach() -> asyncio.AbstractEventLoop:
             return self.attach()
 
-        future = _submit(attach(), request_loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the request's loop did not answer within {timeout_s} s") from None
+        return _wait_for(_submit(attach(), request_loop), timeout_s, "the request's loop")

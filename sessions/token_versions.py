@@ -10,7 +10,7 @@ or until its session's tokens are revoked (docs/protocol.md, "Revocation").
 
 Reads go through a per-process cache whose entries are at most ``VERSION_CACHE_S`` (1 s)
 old, so a revocation made in another process is seen within a second even when no
-message reaches this one; a revocation made here (:mod:`sessions.revocation`) and a
+message reaches this one; a revocation made here (:mod:`sessions.token_revocation`) and a
 message from another process (``Backend.revoke``) drop the entries at once.
 
 Concurrency: the cache is a dict touched from the event loop and from worker threads;

@@ -22,6 +22,7 @@ from sessions.ops import lifecycle
 from sessions.ops.feed import feed
 from sessions.ops.metrics import metrics
 from sessions.ops.records import recorder
+from sessions.process_state import process_state
 from tests.support import backend
 
 pytest_plugins = ["tests.support.leaks"]  # a leaked socket fails the test that leaked it
@@ -48,8 +49,7 @@ def _forget_operator_state() -> None:
     token_versions.clear_cache()  # user ids are reused across tests' databases
     recorder.discard()
     feed.stop()
-    hooks.shutting_down = False
-    hooks.draining = False
+    process_state.reset()
 
 
 # -- the Redis backend ---------------------------------------------------------------------
@@ -109,6 +109,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Fail a test that leaves a Redis store open once its fixtures are torn down."""
     yield
     dropped = backends.set(None)
-    store = getattr(dropped, "open_store", None)
+    store = backend.open_store(dropped)
     if store is not None:
         pytest.fail(f"{item.nodeid} left its Redis store open (loop {store.loop!r})")

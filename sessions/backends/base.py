@@ -49,11 +49,12 @@ from sessions.backends.idempotency import (
     IdempotencyStore,
 )
 from sessions.backends.rates import ByteRates, TokenBucket
-from sessions.backends.revocation import Revocation, RevocationSweep, revoked_frame
+from sessions.backends.revoked_streams import Revocation, RevocationSweep, revoked_frame
 from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
+from sessions.process_state import process_state
 from sessions.runtime import ServerLoop
 
 __all__ = [
@@ -211,10 +212,10 @@ class Backend(ABC):
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
 
     def takes_publishes(self) -> bool:
-        """False while this process drains (``hooks.draining``) and its events live only
+        """False while this process drains (``process_state.draining``) and its events live only
         here: an event accepted then would be lost when the process exits, after every
         stream ended (the publish view answers 503 ``draining``)."""
-        return self.events_outlive_process or not self.hooks.draining
+        return self.events_outlive_process or not process_state.draining
 
     @property
     def process_id(self) -> str:
@@ -581,18 +582,6 @@ class Backend(ABC):
         live = self.registry.get(session_id)
         return Disconnected(live.bus.disconnect_all(reason) if live is not None else 0, 0)
 
-    async def disconnect_subscribers(self, session_id: str, *, reason: str) -> int:
-        """:meth:`disconnect_everywhere`, returning the count in this process.
-
-        Raises :class:`BackendUnavailableError` when the other processes were not told.
-        """
-        done = await self.disconnect_everywhere(session_id, reason=reason)
-        if done.told is None:
-            raise BackendUnavailableError(
-                "the event store is unavailable: no other process was told"
-            )
-        return done.here
-
     def end_all_streams(self, reason: str) -> int:
         """End every subscriber of every loaded session (shutdown); return how many."""
         return sum(live.bus.disconnect_all(reason) for live in self.registry.values())
@@ -676,7 +665,3 @@ class Backend(ABC):
     async def aclose(self) -> None:
         """Release what the backend holds (connections, tasks). Idempotent; never raises."""
         self.revocation_sweep.stop()
-
-    def forget(self) -> None:
-        """Drop every loaded session without ending anything (tests: a new process)."""
-        self.registry.clear()

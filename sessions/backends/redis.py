@@ -180,11 +180,6 @@ class RedisBackend(RedisControlled):
         return self._store
 
     @property
-    def open_store(self) -> RedisStore | None:
-        """The store if one was started (None before first use and after :meth:`aclose`)."""
-        return self._store
-
-    @property
     def process_id(self) -> str:
         return self._store.process_uid if self._store is not None else super().process_id
 

@@ -23,7 +23,7 @@ from sessions.backends.errors import BackendUnavailableError
 from sessions.backends.redis_blocking import read_reports_blocking, send_control_blocking
 from sessions.backends.redis_store import RedisStore
 from sessions.backends.reports import make_report, merge_reports
-from sessions.backends.revocation import Revocation
+from sessions.backends.revoked_streams import Revocation
 from sessions.bus import BusStats
 
 __all__ = ["RedisControlled"]

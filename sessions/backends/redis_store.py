@@ -430,9 +430,6 @@ class RedisStore:
         """Stop reading the session's stream. Never raises."""
         self._watched.pop(session_id, None)
 
-    def watching(self, session_id: str) -> bool:
-        return session_id in self._watched
-
     def _wake(self) -> None:
         """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream)."""
         if not self._tasks:

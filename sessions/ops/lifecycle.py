@@ -88,10 +88,11 @@ from typing import Any, Final
 from django.db import DatabaseError, connections
 
 from sessions.backends import get_backend
-from sessions.hooks import Listener, hooks
+from sessions.hooks import Listener
 from sessions.ops.feed import feed
 from sessions.ops.parent_death import PARENT_DEATH_SIGNAL
 from sessions.ops.records import recorder
+from sessions.process_state import process_state
 from sessions.transport.stream import drain_frame, drain_retry_ms
 
 __all__ = [
@@ -192,7 +193,7 @@ class Lifecycle(Listener):
         """A signal handler that starts :func:`drain` (``DRAIN_S``) on ``loop``, once."""
 
         def start() -> None:
-            if hooks.draining:
+            if process_state.draining:
                 return
             # qwenweb.serve's main process sends it to each worker on SIGTERM (or SIGINT).
             logger.info(
@@ -346,7 +347,7 @@ async def shutdown(
 
 async def _sequence(timeout_s: float, drain_s: float | None) -> bool:
     """The steps of :func:`shutdown`; returns False when a step failed (logged)."""
-    hooks.shutting_down = True
+    process_state.shutting_down = True
     backend = get_backend()
     try:
         await drain(backend.config.drain_s if drain_s is None else drain_s)
@@ -386,7 +387,7 @@ async def orphaned(exit_s: float = ORPHAN_EXIT_S) -> bool:
 async def drain(drain_s: float) -> int:
     """End every open stream of this process, spread over ``drain_s`` seconds; return how many.
 
-    Sets ``hooks.draining`` first (``/readyz`` 503; the stream route refuses new streams
+    Sets ``process_state.draining`` first (``/readyz`` 503; the stream route refuses new streams
     with ``stream_error`` ``server_draining``; for good: a drained process is expected to
     stop). The open streams, in random order, each
     end at its own moment of the window (one per ``drain_s / n`` slice, uniformly within
@@ -394,8 +395,8 @@ async def drain(drain_s: float) -> int:
     ``retry:`` drawn from ``DRAIN_RETRY_MS``: their clients come back to the other
     processes spread over the window, never in one burst. Never raises.
     """
-    hooks.draining = True
-    hooks.shutting_down = True  # the process is going away: its streams end server_shutdown
+    process_state.draining = True
+    process_state.shutting_down = True  # the process is going away: its streams end server_shutdown
     backend = get_backend()
     streams = [
         (live, subscription)

@@ -24,10 +24,13 @@ import asyncio
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import orjson
+from asgiref.typing import ASGIReceiveCallable as Receive
+from asgiref.typing import ASGISendCallable as Send
+from asgiref.typing import HTTPScope as Scope
 from channels.db import database_sync_to_async
 from django.db import connection
 
@@ -35,15 +38,12 @@ from sessions.backends import get_backend
 from sessions.conf import get_config
 from sessions.errors import ApiError, error_headers
 from sessions.hooks import hooks
+from sessions.process_state import process_state
 
 __all__ = ["CHECK_TIMEOUT_S", "FORWARDING_HEADERS", "ProbeApplication"]
 
 logger = logging.getLogger("qwenweb.probes")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 CHECK_TIMEOUT_S: Final = 3.0
 """Upper bound of each readiness check (database, backend), seconds."""
@@ -116,7 +116,7 @@ class ProbeApplication:
 
 async def _ready() -> bytes:
     """The readiness body; raises the 503 ``ApiError`` naming what failed."""
-    if hooks.draining:
+    if process_state.draining:
         raise ApiError(503, "draining", "the server is draining: it takes no new streams")
     checks: dict[str, str] = {}
     try:
@@ -189,5 +189,13 @@ async def _send(
     send: Send, scope: Scope, status: int, headers: list[tuple[bytes, bytes]], body: bytes
 ) -> None:
     headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+    await send(
+        {"type": "http.response.start", "trailers": False, "status": status, "headers": headers}
+    )
+    await send(
+        {
+            "type": "http.response.body",
+            "body": b"" if scope["method"] == "HEAD" else body,
+            "more_body": False,
+        }
+    )

@@ -43,7 +43,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -76,6 +76,9 @@ _SPECIAL_TYPES: Final = INCIDENT_TYPES | _TERMINAL_TYPES
 MAX_PENDING_INCIDENTS: Final = 100_000
 """Incidents kept in memory while the database refuses writes; the oldest go beyond."""
 
+_INFO_FIELDS: Final = tuple(f.name for f in fields(ConnectionInfo))
+"""The row's fields a :class:`ConnectionInfo` gives (its own, by name)."""
+
 _UPSERT_FIELDS: Final = (
     "frames_sent",
     "bytes_sent",
@@ -90,21 +93,13 @@ _UPSERT_FIELDS: Final = (
 class ConnectionRecord(ConnectionObserver):
     """The in-memory record of one subscriber connection (one future database row).
 
-    Fields mirror :class:`~sessions.models.SubscriberConnection`. Made by
+    ``info`` (clipped to the columns' widths) gives the row's first fields, the rest mirror
+    :class:`~sessions.models.SubscriberConnection`. Made by
     :meth:`Recorder.connection_opened`; updated by the stream through the three observer
     methods below.
     """
 
-    id: uuid.UUID
-    session_id: str
-    auth: str
-    user_id: int | None
-    subject: str
-    client_addr: str
-    user_agent: str
-    client_id: str
-    max_queued: int
-    resumed_from: int | None
+    info: ConnectionInfo
     opened_at: datetime
     recorder: Recorder = field(repr=False)
     closed_at: datetime | None = None
@@ -116,9 +111,14 @@ class ConnectionRecord(ConnectionObserver):
     evictions_written: int = 0
 
     @property
-    def label(self) -> str:
-        """What log lines call this subscriber: ``subscriber=<label>`` (the row's id)."""
-        return str(self.id)
+    def id(self) -> uuid.UUID:
+        """The connection's id (the row's primary key)."""
+        return self.info.id
+
+    @property
+    def session_id(self) -> str:
+        """The session the connection streams."""
+        return self.info.session_id
 
     def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
         """Count one frame that ``send`` accepted; record warnings and evictions.
@@ -162,14 +162,14 @@ class ConnectionRecord(ConnectionObserver):
             "stream_closed session=%s subscriber=%s reason=%s detail=%s duration_s=%.3f "
             "frames=%d bytes=%d auth=%s client=%s",
             self.session_id,
-            self.label,
+            self.info.label,
             reason,
             self.end_detail,
             (self.closed_at - self.opened_at).total_seconds(),
             self.frames_sent,
             self.bytes_sent,
-            self.auth,
-            self.client_addr or "-",
+            self.info.auth,
+            self.info.client_addr or "-",
         )
         self.recorder.connection_closed(self)
 
@@ -199,16 +199,7 @@ class ConnectionRecord(ConnectionObserver):
     def row(self) -> dict[str, Any]:
         """Return the fields of the database row as they are now (a snapshot)."""
         return {
-            "id": self.id,
-            "session_id": self.session_id,
-            "auth": self.auth,
-            "user_id": self.user_id,
-            "subject": self.subject,
-            "client_addr": self.client_addr,
-            "user_agent": self.user_agent,
-            "client_id": self.client_id,
-            "max_queued": self.max_queued,
-            "resumed_from": self.resumed_from,
+            **{name: getattr(self.info, name) for name in _INFO_FIELDS},
             "opened_at": self.opened_at,
             "closed_at": self.closed_at,
             "frames_sent": self.frames_sent,
@@ -355,7 +346,7 @@ class Recorder(Listener):
         logger.debug(
             "subscriber_closed session=%s subscriber=%s reason=%s frames=%d bytes=%d",
             record.session_id,
-            record.label,
+            record.info.label,
             record.end_reason,
             record.frames_sent,
             record.bytes_sent,
@@ -380,28 +371,22 @@ class Recorder(Listener):
         Called on the loop once the subscriber is attached (so refused requests leave no
         row). Never awaits, never raises.
         """
-        record = ConnectionRecord(
-            id=info.id,
-            session_id=info.session_id,
-            auth=info.auth,
-            user_id=info.user_id,
+        clipped = replace(  # the columns' widths
+            info,
             subject=info.subject[:150],
             client_addr=info.client_addr[:64],
             user_agent=info.user_agent[:300],
             client_id=info.client_id[:200],
-            max_queued=info.max_queued,
-            resumed_from=info.resumed_from,
-            opened_at=timezone.now(),
-            recorder=self,
         )
+        record = ConnectionRecord(clipped, opened_at=timezone.now(), recorder=self)
         self.opened(record)
         logger.debug(
             "subscriber_opened session=%s subscriber=%s auth=%s subject=%s client=%s max_queued=%d",
             info.session_id,
-            record.label,
+            clipped.label,
             info.auth,
-            record.subject or "-",
-            record.client_addr or "-",
+            clipped.subject or "-",
+            clipped.client_addr or "-",
             info.max_queued,
         )
         return record

@@ -13,8 +13,10 @@ Overflow policy
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Final
+
+from asgiref.typing import ASGISendCallable as Send
+from asgiref.typing import ASGISendEvent as Message
 
 from sessions.bus import Subscription
 from sessions.hooks import ConnectionObserver
@@ -22,8 +24,6 @@ from sessions.wire import HEARTBEAT, FrameEncoder
 
 __all__ = ["MAX_BATCH_BYTES", "WriterIdleTimeoutError", "pump_frames"]
 
-Message = MutableMapping[str, Any]
-Send = Callable[[Message], Awaitable[None]]
 
 MAX_BATCH_BYTES: Final = 256 * 1024
 """Queued frames written together in one ``send``, at most this many bytes (one frame
@@ -88,7 +88,11 @@ async def pump_frames(
         except StopAsyncIteration:
             return
         if frame is None:
-            heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
+            heartbeat: Message = {
+                "type": "http.response.body",
+                "body": HEARTBEAT,
+                "more_body": True,
+            }
             await _send_within(send, heartbeat, writer_idle_timeout_s)
             subscription.bytes_sent += len(HEARTBEAT)
             observer.bytes_written(len(HEARTBEAT))
@@ -113,7 +117,7 @@ async def pump_frames(
             if queued is None:
                 break
             frame = queued
-        body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
+        body: Message = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
         await _send_within(send, body, writer_idle_timeout_s)
         subscription.bytes_sent += size  # one add per send: operators' bytes per second
         for index, written in enumerate(frames):

@@ -28,12 +28,15 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import parse_qs
 
+from asgiref.typing import ASGIReceiveCallable as Receive
+from asgiref.typing import ASGISendCallable as Send
+from asgiref.typing import HTTPScope as Scope
 from channels.auth import get_user
 from django.conf import settings
 from django.db import DatabaseError
@@ -57,7 +60,7 @@ from sessions.backends.base import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from sessions.backends.revocation import expired_frame, stream_details
+from sessions.backends.revoked_streams import expired_frame, stream_details
 from sessions.bus import (
     DEFAULT_MAX_QUEUED,
     MAX_QUEUED_MAX,
@@ -72,6 +75,7 @@ from sessions.cors import cors_headers, is_preflight
 from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
+from sessions.process_state import process_state
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
@@ -86,17 +90,13 @@ from sessions.wire import (
 __all__ = [
     "DRAIN_RETRY_MS",
     "LIMIT_RETRY_MS",
-    "SessionEventStream",
+    "SessionEventsRoute",
     "drain_frame",
     "drain_retry_ms",
 ]
 
 logger = logging.getLogger("qwenweb.stream")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 LIMIT_RETRY_MS: Final = 5000
 """``retry:`` (ms) of the EB-16 answer when the subscriber limit is reached."""
@@ -139,7 +139,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-class SessionEventStream:
+class SessionEventsRoute:
     """The ASGI application for ``/session/<session_id>/events`` (docs/protocol.md).
 
     ``GET`` and ``HEAD`` are served here; any other method is handed to ``fallback``
@@ -184,9 +184,10 @@ class SessionEventStream:
         if scope["method"] not in ("GET", "HEAD"):
             await self.fallback(scope, receive, send)
             return
-        session_id = scope["url_route"]["kwargs"]["session_id"]
+        # Channels' URLRouter adds ``url_route``, which is no key of the ASGI scope.
+        session_id = cast("dict[str, Any]", scope)["url_route"]["kwargs"]["session_id"]
         cors = _cors(scope, headers)
-        if self.hooks.draining:
+        if process_state.draining:
             await self._draining(send, session_id, cors)
             return
         backend = self.backend
@@ -233,6 +234,7 @@ class SessionEventStream:
             await send(
                 {
                     "type": "http.response.start",
+                    "trailers": False,
                     "status": 200,
                     "headers": [
                         *_STREAM_HEADERS,
@@ -242,7 +244,7 @@ class SessionEventStream:
                 }
             )
             if scope["method"] == "HEAD":
-                await send({"type": "http.response.body", "body": b""})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             observer = self.hooks.connection_opened(info)
             # daphne sends no headers until the first body bytes: write retry now (EB-18).
@@ -380,7 +382,7 @@ class SessionEventStream:
         ``operator_disconnect``) is ``(operator_disconnect, "by <who>")``.
         """
         reason = _BUS_END_REASONS.get(subscription.end_reason or "")
-        if reason == _SERVER_DISCONNECT and self.hooks.shutting_down:
+        if reason == _SERVER_DISCONNECT and process_state.shutting_down:
             reason = _SERVER_SHUTDOWN
         note = subscription.end_note
         if reason == _SERVER_DISCONNECT and note and note.get("reason") == OPERATOR_DISCONNECT:
@@ -406,6 +408,7 @@ class SessionEventStream:
         await send(
             {
                 "type": "http.response.start",
+                "trailers": False,
                 "status": 200,
                 "headers": [
                     *_STREAM_HEADERS,
@@ -415,7 +418,13 @@ class SessionEventStream:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": encode_retry(LIMIT_RETRY_MS) + frame})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": encode_retry(LIMIT_RETRY_MS) + frame,
+                "more_body": False,
+            }
+        )
 
     async def _draining(self, send: Send, session_id: str, cors: list[tuple[bytes, bytes]]) -> None:
         """A new stream while the server drains: 200, a jittered ``retry:``, one
@@ -431,11 +440,12 @@ class SessionEventStream:
         await send(
             {
                 "type": "http.response.start",
+                "trailers": False,
                 "status": 200,
                 "headers": [*_STREAM_HEADERS, *cors],
             }
         )
-        await send({"type": "http.response.body", "body": frame})
+        await send({"type": "http.response.body", "body": frame, "more_body": False})
 
     async def _reject(
         self,
@@ -458,18 +468,21 @@ class SessionEventStream:
         await send(
             {
                 "type": "http.response.start",
+                "trailers": False,
                 "status": reject.status,
                 "headers": [*error_headers(reject.status), *cors],
             }
         )
-        await send({"type": "http.response.body", "body": reject.body()})
+        await send({"type": "http.response.body", "body": reject.body(), "more_body": False})
 
     async def _preflight(self, send: Send, scope: Scope, headers: dict[bytes, bytes]) -> None:
         """A CORS preflight of the events URL: 204, with the CORS headers for an allowed
         origin (``GET``, ``HEAD`` here; ``POST``, publish, in Django)."""
         cors = _cors(scope, headers, preflight_methods=("GET", "HEAD", "POST", "OPTIONS"))
-        await send({"type": "http.response.start", "status": 204, "headers": cors})
-        await send({"type": "http.response.body", "body": b""})
+        await send(
+            {"type": "http.response.start", "trailers": False, "status": 204, "headers": cors}
+        )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def drain_retry_ms() -> int:
@@ -517,8 +530,8 @@ def _cors(
 
 async def _no_content(send: Send, cors: list[tuple[bytes, bytes]]) -> None:
     """A closed session's stream: 204, which ends an SSE client for good (EB-15)."""
-    await send({"type": "http.response.start", "status": 204, "headers": cors})
-    await send({"type": "http.response.body", "body": b""})
+    await send({"type": "http.response.start", "trailers": False, "status": 204, "headers": cors})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _cursor(headers: dict[bytes, bytes], session_id: str) -> tuple[int | None, str | None]:

@@ -1,6 +1,6 @@
 """The demo agent inside the server: ``POST /sessions/<id>/demo`` starts it.
 
-It plays the scripted turns of :mod:`sessions.cli.demo_agent` into the session, publishing
+It plays the scripted turns of :mod:`sessions.scripted_agent` into the session, publishing
 through the backend on the server's event loop, the loop that owns every session's bus
 (EB-11), as an ``asyncio`` task. At most one agent runs per session; the tasks are kept
 in a module dict so they are not garbage-collected, and each removes itself when it ends.
@@ -24,9 +24,9 @@ from sessions.backends.base import (
     SessionClosedError,
     SessionNotFoundError,
 )
-from sessions.cli.demo_agent import agent_turns
 from sessions.models import normalize_session_id
 from sessions.queries import request_user, session_row
+from sessions.scripted_agent import agent_turns
 from sessions.web.responses import error_response
 
 __all__ = [
@@ -109,7 +109,7 @@ def start_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_PER_S
 
 
 async def run_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_PER_S) -> int:
-    """Publish the scripted run of :func:`sessions.cli.demo_agent.agent_turns` into the session.
+    """Publish the scripted run of :func:`sessions.scripted_agent.agent_turns` into the session.
 
     Each event waits ``tokens / chunks_per_s`` seconds first (one ``agent_message_chunk``
     = one token: 25 per second by default). Stops early, without error, when the session

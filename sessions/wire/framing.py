@@ -212,11 +212,6 @@ class FrameEncoder:
         """Return how many events' wire bytes are cached (``<= cache_size``)."""
         return len(self._cache)
 
-    @property
-    def cached_bytes(self) -> int:
-        """The cache's ``len(wire) + frame.nbytes`` summed over its events."""
-        return self._cached_bytes
-
     def encode(self, frame: Frame) -> bytes:
         """Return the wire bytes of any bus frame: :meth:`event` or :meth:`synthetic`.
 

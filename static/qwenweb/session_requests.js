@@ -12,6 +12,7 @@
  * The stream's own requests are sse.js's; the publish console's and the subscribers
  * table's are theirs.
  */
+import { readErrorEnvelope } from "./api_error.js";
 import { watchRequest } from "./connection_wait.js";
 import { isObject } from "./envelopes.js";
 import { lookup } from "./lookup.js";
@@ -27,13 +28,7 @@ export class HttpError extends Error {
 
 /** The server's words for a refusal (the JSON envelope's `error`), never its code. */
 export async function errorDetail(response) {
-  try {
-    const body = await response.json();
-    if (isObject(body) && typeof body.error === "string") return body.error;
-  } catch {
-    // not JSON: the status says enough
-  }
-  return "";
+  return (await readErrorEnvelope(response)).error ?? "";
 }
 
 const STATUS_WORDS = {

@@ -3,7 +3,7 @@
  *
  * The reconnection delay of `SessionEventStream` (./sse.js, which re-exports it), as one
  * pure function, so that it can be tested without timers. The terminal client
- * (`sessions/cli/client.py`) follows the same rule. No DOM dependency; runs under Node 20.
+ * (`sessions/api_client.py`) follows the same rule. No DOM dependency; runs under Node 20.
  * Rules cited as `SC-n` are in `docs/protocol.md` (its rule index).
  */
 

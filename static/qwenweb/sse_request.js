@@ -8,6 +8,8 @@
  * as `SC-n` and `EB-n` are in `docs/protocol.md` (its rule index).
  */
 
+import { readErrorEnvelope } from "./api_error.js";
+
 /**
  * Build the headers of one attempt: a fresh `Headers` each time, so that `Last-Event-ID` is
  * set exactly once (SC-9). The cursor goes only when it is not empty, and `X-Event-Epoch`
@@ -40,16 +42,9 @@ export function discardBody(response) {
  * undefined when the body is not such JSON. Reads the body; never throws.
  */
 export async function readErrorDetail(response) {
-  try {
-    const body = JSON.parse(await response.text());
-    if (body && typeof body === "object") {
-      const parts = [body.code, body.error].filter((part) => typeof part === "string");
-      return parts.length > 0 ? parts.join(": ") : undefined;
-    }
-  } catch {
-    // not JSON, or the body failed: the status alone explains the stop
-  }
-  return undefined;
+  const { code, error } = await readErrorEnvelope(response);
+  const parts = [code, error].filter((part) => part !== undefined);
+  return parts.length > 0 ? parts.join(": ") : undefined;
 }
 
 /** Encode a string as UTF-8 and return one char per byte, so fetch sends UTF-8 (SC-9). */

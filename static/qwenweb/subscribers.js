@@ -16,6 +16,7 @@
  * `SubscribersTable`, which needs a DOM.
  */
 
+import { envelopeFields } from "./api_error.js";
 import { lookup } from "./lookup.js";
 
 const REQUEST_TIMEOUT_MS = 10_000;
@@ -65,8 +66,8 @@ const SENTENCES = {
  * not the JSON envelope. The machine code itself is never shown.
  */
 export function describeApiError(status, body) {
-  const code = body !== null && typeof body === "object" ? body.code : undefined;
-  const message = body !== null && typeof body === "object" && typeof body.error === "string" ? body.error : "";
+  const { code, error } = envelopeFields(body);
+  const message = error ?? "";
   const sentence = lookup(SENTENCES, code);
   if (sentence && message) return `${sentence} (${message})`;
   if (sentence) return sentence;

@@ -177,15 +177,11 @@ def test_drop_then_30_events_resume_with_last_event_id_each_id_once_in_order(
     expect(page.locator("#reconnects")).to_have_text("1")
 
 
-@memory_only(
-    "a restarted server starts a new id sequence; with Redis it outlives the process "
-    "(test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows)"
-)
-def test_server_restart_with_same_database_recovers_without_duplicate_rows(
-    page: Page, start_server: Callable[..., ServerProcess]
-) -> None:
-    # EB-7 epoch reset after a restart (ids continue above the old ones), SC-12 resync.
-    server = start_server("serve")
+def _restart_while_open(
+    page: Page, server: ServerProcess
+) -> tuple[RemoteSession, SessionPage, list[int]]:
+    """Open a session page on ``server``, say three chunks, restart the server while the
+    page streams and fire the page's pending reconnect; return what was said before."""
     session = RemoteSession.create(server.base_url)
     view = SessionPage(page, session).open(install_clock=True)
     before = session.say("one ", "two ", "three ")
@@ -194,6 +190,18 @@ def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     view.expect_state("reconnecting")
     server.start()
     view.page.clock.fast_forward(60_000)  # fire the pending reconnect now
+    return session, view, before
+
+
+@memory_only(
+    "a restarted server starts a new id sequence; with Redis it outlives the process "
+    "(test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows)"
+)
+def test_server_restart_with_same_database_recovers_without_duplicate_rows(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    # EB-7 epoch reset after a restart (ids continue above the old ones), SC-12 resync.
+    session, view, before = _restart_while_open(page, start_server("serve"))
     expect(page.locator("#last-resync")).to_contain_text("view rebuilt", timeout=15_000)
     after = session.say("four ", "five ")
     view.wait_for_id(after[-1])
@@ -209,15 +217,7 @@ def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
     # The Redis backend: the restarted server serves the same ids and epoch (EB-7 resume).
-    server = start_server("serve")
-    session = RemoteSession.create(server.base_url)
-    view = SessionPage(page, session).open(install_clock=True)
-    before = session.say("one ", "two ", "three ")
-    view.wait_for_id(before[-1])
-    server.stop()
-    view.expect_state("reconnecting")
-    server.start()
-    view.page.clock.fast_forward(60_000)  # fire the pending reconnect now
+    session, view, before = _restart_while_open(page, start_server("serve"))
     view.expect_state("open")
     after = session.say("four ", "five ")
     view.wait_for_id(after[-1])

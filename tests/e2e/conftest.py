@@ -1,4 +1,5 @@
-"""End-to-end fixtures: one real daphne process per test session on 127.0.0.1."""
+"""End-to-end fixtures: one real daphne process per test session on 127.0.0.1, the
+migrated databases the servers share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.server import ServerProcess, daphne_argv, free_port, migrate, server_env
+from tests.support.staff import staffed_database
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +17,14 @@ def e2e_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("e2e") / "db.sqlite3"
     migrate(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def staff_database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A migrated SQLite file with a staff user (``tests.support.staff``), one per module."""
+    return staffed_database(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from typing import Any
 import h11
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,

@@ -240,7 +240,7 @@ def _pipe(source, target) -> None:
 def test_publisher_retry_after_a_lost_answer_publishes_once(daphne_server: ServerProcess) -> None:
     # The answer to the first POST is lost after the server published: the Publisher
     # resends with the same Idempotency-Key and the server answers the first id again.
-    from sessions.cli.client import Publisher
+    from sessions.api_client import Publisher
 
     session = RemoteSession.create(daphne_server.base_url)
     proxy = _AnswerDroppingProxy(daphne_server.port)

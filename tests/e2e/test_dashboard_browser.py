@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
 import time
@@ -36,7 +35,6 @@ from tests.support.server import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CLIENTS = 20
 DRAIN_S = 4.0
 WAIT_S = 30.0
@@ -44,8 +42,8 @@ WAIT_S = 30.0
 
 @pytest.fixture
 def start_server(e2e_database: Path, tmp_path: Path) -> Iterator[Callable[[str], ServerProcess]]:
-    with redis_cluster(e2e_database, REDIS_URL, tmp_path, QWENWEB_DRAIN_S=str(DRAIN_S)) as start:
-        yield start
+    with redis_cluster(e2e_database, tmp_path, QWENWEB_DRAIN_S=str(DRAIN_S)) as cluster:
+        yield cluster
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from sessions.wire import ServerSentEvent, SSEParser
 from tests.support.server import (
     RemoteSession,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.netns import Network, network, unavailable_reason
 from tests.support.server import (
     RawSSEClient,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,16 +23,16 @@ from typing import Any
 import pytest
 
 from sessions.auth import issue_token
-from tests.support.backend import delete_run_keys, redis_url
+from tests.support.backend import redis_url
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
     free_port,
     open_stream,
+    redis_cluster,
     request_json,
     serve_argv,
     server_env,
-    start_redis_server,
 )
 
 MIB = 1024 * 1024
@@ -61,11 +60,8 @@ def memory_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]
 def redis_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     if not _redis_answers():
         pytest.skip(f"no Redis answers at {redis_url()} (the Redis case needs one)")
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    server = start_redis_server(e2e_database, redis_url(), prefix, tmp_path / "serve.log")
-    yield server
-    server.stop()
-    delete_run_keys(prefix, redis_url())
+    with redis_cluster(e2e_database, tmp_path, redis_url=redis_url()) as cluster:
+        yield cluster("serve")
 
 
 @pytest.fixture(params=["memory", "redis"])

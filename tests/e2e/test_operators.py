@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -36,7 +36,7 @@ from tests.support.server import (
     stop_all,
     wait_for,
 )
-from tests.support.staff import StaffClient, staffed_database
+from tests.support.staff import StaffClient
 
 pytestmark = [pytest.mark.e2e]
 
@@ -52,20 +52,15 @@ def uvicorn_argv(port: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return staffed_database(tmp_path_factory.mktemp("operators"))
-
-
 @pytest.fixture
-def start(database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def start(staff_database: Path, tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """``start(argv_factory, **env)``: a server on a free port; stopped at the end."""
     started: list[ServerProcess] = []
 
     def _start(argv: Callable[[int], list[str]], **env: str) -> ServerProcess:
         port = free_port()
         log = tmp_path / f"server-{len(started)}.log"
-        server = ServerProcess(argv(port), port, server_env(database, **env), log)
+        server = ServerProcess(argv(port), port, server_env(staff_database, **env), log)
         started.append(server)
         return server.start()
 
@@ -195,7 +190,7 @@ SHUTDOWN_ARGV: dict[str, Callable[[int], list[str]]] = {
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("kind", list(SHUTDOWN_ARGV))
 async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, kind: str
+    start: Callable[..., ServerProcess], staff_database: Path, sig: signal.Signals, kind: str
 ) -> None:
     server = start(SHUTDOWN_ARGV[kind], QWENWEB_RECORDS_FLUSH_INTERVAL_S="3600")
     session = RemoteSession.create(server.base_url)
@@ -210,7 +205,7 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
         for n in range(3):
             session.publish("note", {"n": n})
         await stream.read_events(3)
-        assert connections(database, session.id) == []  # nothing written yet
+        assert connections(staff_database, session.id) == []  # nothing written yet
         assert stop_with(server, sig) == 0
         events = await stream.read_to_end()  # the drain's terminal frame came before the exit
     finally:
@@ -219,11 +214,11 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
     # the signal hook or the lifespan shutdown, daphne from the signal hook).
     assert [e.type for e in events] == ["note"] * 3 + ["stream_error"]
     assert json.loads(events[-1].data)["data"]["code"] == "server_draining"
-    ended, still_open = connections(database, session.id)
+    ended, still_open = connections(staff_database, session.id)
     assert ended["end_reason"] == "client_disconnect"
     assert (still_open["client_id"], still_open["end_reason"]) == ("still-open", "server_shutdown")
     assert (still_open["frames_sent"], still_open["bytes_sent"]) == (4, len(stream.body))
-    assert session_row(database, session.id)["events_published"] == 3
+    assert session_row(staff_database, session.id)["events_published"] == 3
 
 
 @pytest.mark.asyncio
@@ -231,7 +226,7 @@ async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("lifespan", ["off", "on"])
 async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
-    start: Callable[..., ServerProcess], database: Path, sig: signal.Signals, lifespan: str
+    start: Callable[..., ServerProcess], staff_database: Path, sig: signal.Signals, lifespan: str
 ) -> None:
     # uvicorn re-raises SIGTERM with its default action once it has shut down, which ends
     # the process without atexit: only the signal hook of sessions.ops.lifecycle can write.
@@ -253,10 +248,10 @@ async def test_shutdown_of_uvicorn_ends_streams_then_records_them(
     assert [e.type for e in events] == ["note", "stream_error"]
     terminal = json.loads(events[-1].data)["data"]
     assert terminal["code"] == "server_draining"  # the graceful drain ends it
-    (row,) = connections(database, session.id)
+    (row,) = connections(staff_database, session.id)
     assert (row["end_reason"], row["end_payload"]) == ("server_shutdown", events[-1].data)
     assert (row["frames_sent"], row["bytes_sent"]) == (2, len(stream.body))
-    assert session_row(database, session.id)["events_published"] == 1
+    assert session_row(staff_database, session.id)["events_published"] == 1
 
 
 # -- admin actions on a real server ------------------------------------------------------------

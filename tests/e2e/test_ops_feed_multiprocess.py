@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -30,15 +28,14 @@ import pytest
 import redis
 
 from sessions.wire import ServerSentEvent
-from tests.support.backend import delete_run_keys
 from tests.support.server import (
     REPO,
+    TEST_REDIS_URL,
     RawSSEClient,
     RemoteSession,
     ServerProcess,
-    free_port,
+    redis_cluster,
     request_json,
-    serve_argv,
     server_env,
     wait_for,
 )
@@ -46,7 +43,6 @@ from tests.support.staff import StaffClient, staffed_database
 
 pytestmark = [pytest.mark.e2e]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 WAIT_S = 15.0
 
 
@@ -64,41 +60,16 @@ class Deployments:
 @pytest.fixture
 def deployments(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Iterator[Deployments]:
     """Start A and B on one prefix and database, C on others; stop them and delete the keys."""
-    prefix, other_prefix = (f"qwtest-opsfeed-{secrets.token_hex(4)}" for _ in range(2))
     databases = [staffed_database(tmp_path_factory.mktemp(f"ops-feed-{n}")) for n in (1, 2)]
-    servers: list[ServerProcess] = []
-    try:
-        for name, database, key_prefix in (
-            ("a", databases[0], prefix),
-            ("b", databases[0], prefix),
-            ("c", databases[1], other_prefix),
-        ):
-            env = server_env(
-                database,
-                QWENWEB_BACKEND="redis",
-                QWENWEB_REDIS_URL=REDIS_URL,
-                QWENWEB_REDIS_KEY_PREFIX=key_prefix,
-            )
-            env.pop("QWENWEB_EVENTSTREAM_REDIS_URL", None)  # no django-eventstream setting
-            port = free_port()
-            servers.append(ServerProcess(serve_argv(port), port, env, tmp_path / f"{name}.log"))
-            servers[-1].start()
-        a, b, c = servers
-        yield Deployments(a, b, c, prefix, other_prefix)
-    finally:
-        for server in servers:
-            server.stop()
-        _delete_keys(prefix, other_prefix)
+    with (
+        redis_cluster(databases[0], tmp_path) as first,
+        redis_cluster(databases[1], tmp_path) as second,
+    ):
+        yield Deployments(first("a"), first("b"), second("c"), first.prefix, second.prefix)
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=5)
-
-
-def _delete_keys(*prefixes: str) -> None:
-    """Delete this test's keys (under its own prefixes); nothing else."""
-    for prefix in prefixes:
-        delete_run_keys(prefix, REDIS_URL)
+    return redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=1, socket_timeout=5)
 
 
 def control_listeners(prefix: str) -> int:

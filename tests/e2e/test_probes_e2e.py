@@ -9,9 +9,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RawSSEClient,
     RemoteSession,
@@ -34,7 +31,6 @@ from tests.support.server import (
 
 pytestmark = [pytest.mark.e2e]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 WAIT_S = 10.0
 
 
@@ -75,10 +71,8 @@ def test_readyz_is_503_when_redis_does_not_answer_and_healthz_stays_200(
 def start_server(e2e_database: Path, tmp_path: Path) -> Iterator[Callable[[str], ServerProcess]]:
     directory = tmp_path / "prometheus"
     directory.mkdir()
-    with redis_cluster(
-        e2e_database, REDIS_URL, tmp_path, PROMETHEUS_MULTIPROC_DIR=str(directory)
-    ) as start:
-        yield start
+    with redis_cluster(e2e_database, tmp_path, PROMETHEUS_MULTIPROC_DIR=str(directory)) as cluster:
+        yield cluster
 
 
 @pytest.mark.asyncio
@@ -135,34 +129,30 @@ def test_a_bad_host_header_logs_one_short_line_without_traceback(
 async def test_metrics_of_workers_2_on_one_port_are_the_sums(e2e_database: Path, tmp_path: Path):
     directory = tmp_path / "prometheus"
     directory.mkdir()
-    port = free_port()
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    env = server_env(
-        e2e_database, QWENWEB_BACKEND="redis", QWENWEB_REDIS_URL=REDIS_URL,
-        QWENWEB_REDIS_KEY_PREFIX=prefix, PROMETHEUS_MULTIPROC_DIR=str(directory),
-    )  # fmt: skip
-    argv = serve_argv(port, "--workers", "2")
-    server = ServerProcess(argv, port, env, tmp_path / "serve.log").start()
     streams: list[RawSSEClient] = []
-    try:
-        session = RemoteSession.create(server.base_url)
-        # Connections reach either worker: open them until both hold some (bounded).
-        while len(streams) < 40 and len(_pids_with_streams(directory)) < 2:
-            streams.append(await open_stream(port, session.events_path, session.read_token))
-        assert len(_pids_with_streams(directory)) == 2, "every connection reached one worker"
-        for n in range(4):
-            session.publish("tick", n)
-        for stream in streams:
-            await stream.read_events(4, timeout_s=WAIT_S)
-        count = len(streams)
-        assert wait_for(lambda: _scrape(server, "qwenweb_subscribers") == count, WAIT_S)
-        assert wait_for(lambda: _scrape(server, "qwenweb_events_published_total") == 4, WAIT_S)
-        assert wait_for(lambda: _scrape(server, "qwenweb_frames_sent_total") == 4 * count, WAIT_S)
-    finally:
-        for stream in streams:
-            stream.close()
-        server.stop()
-        delete_run_keys(prefix, REDIS_URL)
+    with redis_cluster(e2e_database, tmp_path, PROMETHEUS_MULTIPROC_DIR=str(directory)) as cluster:
+        server = cluster("serve", "--workers", "2")
+        try:
+            session = RemoteSession.create(server.base_url)
+            # Connections reach either worker: open them until both hold some (bounded).
+            while len(streams) < 40 and len(_pids_with_streams(directory)) < 2:
+                streams.append(
+                    await open_stream(server.port, session.events_path, session.read_token)
+                )
+            assert len(_pids_with_streams(directory)) == 2, "every connection reached one worker"
+            for n in range(4):
+                session.publish("tick", n)
+            for stream in streams:
+                await stream.read_events(4, timeout_s=WAIT_S)
+            count = len(streams)
+            assert wait_for(lambda: _scrape(server, "qwenweb_subscribers") == count, WAIT_S)
+            assert wait_for(lambda: _scrape(server, "qwenweb_events_published_total") == 4, WAIT_S)
+            assert wait_for(
+                lambda: _scrape(server, "qwenweb_frames_sent_total") == 4 * count, WAIT_S
+            )
+        finally:
+            for stream in streams:
+                stream.close()
 
 
 def _scrape(server: ServerProcess, name: str) -> float:

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import pytest
 
-from sessions.cli.listen import CannotListen, check_can_listen
+from sessions.serving.listen import CannotListen, check_can_listen
 from tests.support.backend import delete_run_keys, redis_url
 from tests.support.h2client import H2Connection
 from tests.support.server import (

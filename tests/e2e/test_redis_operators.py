@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,11 +25,10 @@ from tests.support.server import (
     redis_cluster,
     wait_for,
 )
-from tests.support.staff import StaffClient, staffed_database
+from tests.support.staff import StaffClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PROCESS_TTL_S = 2.0
 WAIT_S = 10.0
 CHANGELIST = "/admin/agent_sessions/agentsession/"
@@ -38,19 +36,13 @@ CHANGELIST = "/admin/agent_sessions/agentsession/"
 Start = Callable[[str], ServerProcess]
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return staffed_database(tmp_path_factory.mktemp("redis-operators"))
-
-
 @pytest.fixture
-def start(database: Path, tmp_path: Path) -> Iterator[Start]:
+def start(staff_database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process in this test's cluster (Redis backend, own prefix)."""
     with redis_cluster(
-        database, REDIS_URL, tmp_path,
-        QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S),
-    ) as start_server:  # fmt: skip
-        yield start_server
+        staff_database, tmp_path, QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S)
+    ) as cluster:
+        yield cluster
 
 
 def cell(page: str, session_id: str, field: str) -> str:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,58 +17,34 @@ from typing import Any
 import pytest
 
 from sessions.wire import ServerSentEvent
-from tests.support.backend import delete_run_keys
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
     event_ids,
     get_json,
     open_stream,
+    redis_cluster,
     request_json,
-    start_redis_server,
     wait_for,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PROCESS_TTL_S = 2.0
 
 
 @dataclass
 class Cluster:
-    """Two server processes sharing one database and one Redis key prefix."""
+    """Two server processes, ``a`` and ``b``, sharing one database and one Redis key prefix."""
 
     a: ServerProcess
     b: ServerProcess
-    prefix: str
-    database: Path
-    logs: Path
-
-    def start_another(self, name: str) -> ServerProcess:
-        return _start(self.database, self.prefix, self.logs / f"{name}.log")
-
-
-def _start(database: Path, prefix: str, log_path: Path, **extra: str) -> ServerProcess:
-    ttl = str(PROCESS_TTL_S)
-    return start_redis_server(
-        database, REDIS_URL, prefix, log_path, QWENWEB_PROCESS_TTL_S=ttl, **extra
-    )
 
 
 @pytest.fixture
 def cluster(e2e_database: Path, tmp_path: Path) -> Iterator[Cluster]:
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    a = _start(e2e_database, prefix, tmp_path / "a.log")
-    try:
-        b = _start(e2e_database, prefix, tmp_path / "b.log")
-    except BaseException:
-        a.stop()
-        raise
-    yield Cluster(a, b, prefix, e2e_database, tmp_path)
-    a.stop()
-    b.stop()
-    delete_run_keys(prefix, REDIS_URL)
+    with redis_cluster(e2e_database, tmp_path, QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S)) as start:
+        yield Cluster(start("a"), start("b"))
 
 
 def _json_events(events: list[ServerSentEvent]) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,10 @@ from tests.support.server import (
     redis_cluster,
     wait_for,
 )
-from tests.support.staff import USERNAME, StaffClient, staffed_database
+from tests.support.staff import USERNAME, StaffClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
 
-REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PROCESS_TTL_S = 2.0
 """Each process reports its subscribers every PROCESS_TTL_S / 4 = 0.5 s."""
 WAIT_S = 10.0
@@ -38,19 +36,14 @@ WAIT_S = 10.0
 Start = Callable[[str], ServerProcess]
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return staffed_database(tmp_path_factory.mktemp("redis-subscribers"))
-
-
 @pytest.fixture
-def start(database: Path, tmp_path: Path) -> Iterator[Start]:
+def start(staff_database: Path, tmp_path: Path) -> Iterator[Start]:
     """``start(name)``: a server process of this test's cluster (Redis, a prefix of its own)."""
     with redis_cluster(
-        database, REDIS_URL, tmp_path,
+        staff_database, tmp_path,
         QWENWEB_PROCESS_TTL_S=str(PROCESS_TTL_S), QWENWEB_RECORDS_FLUSH_INTERVAL_S="0.2",
-    ) as start_server:  # fmt: skip
-        yield start_server
+    ) as cluster:  # fmt: skip
+        yield cluster
 
 
 async def poll(check: Callable[[], Any], what: str) -> Any:

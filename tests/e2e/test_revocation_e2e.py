@@ -128,42 +128,34 @@ def test_tail_session_rereads_its_token_file_when_the_token_is_revoked(
 async def test_revoke_tokens_reaches_the_streams_of_every_redis_process(tmp_path: Path) -> None:
     # The command process has no server loop: it relays the revocation on the Redis control
     # channel, and each server process ends its own streams on hearing it.
-    from tests.support.backend import delete_run_keys
-    from tests.support.server import migrate, start_redis_server
+    from tests.support.server import migrate, redis_cluster
 
-    redis_url = "redis://127.0.0.1:6379/0"
-    prefix = f"qwtest-{secrets.token_hex(4)}"
     database = tmp_path / "db.sqlite3"
     migrate(database)
-    servers = [
-        start_redis_server(database, redis_url, prefix, tmp_path / f"{name}.log")
-        for name in ("a", "b")
-    ]
     streams = []
-    try:
-        _, sid, tokens = _owned_session(database)
-        for server in servers:
-            stream = await open_stream(server.port, f"/session/{sid}/events", tokens["read"])
-            assert stream.status == 200
-            streams.append(stream)
-        env = {"QWENWEB_BACKEND": "redis", "QWENWEB_REDIS_URL": redis_url,
-               "QWENWEB_REDIS_KEY_PREFIX": prefix}  # fmt: skip
-        subprocess.run(
-            [sys.executable, "manage.py", "revoke_tokens", "--session", sid],
-            cwd=REPO, env=server_env(database, **env), check=True, timeout=60,
-            capture_output=True,
-        )  # fmt: skip
-        for stream in streams:
-            await stream.read_until(
-                lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S
-            )
-            error = json.loads(next(e.data for e in stream.events if e.type == "stream_error"))
-            assert error["data"]["code"] == "token_revoked"
-    finally:
-        for stream in streams:
-            stream.close()
-        for server in servers:
-            server.stop()
-        delete_run_keys(prefix, redis_url)
+    with redis_cluster(database, tmp_path) as cluster:
+        servers = [cluster("a"), cluster("b")]
+        try:
+            _, sid, tokens = _owned_session(database)
+            for server in servers:
+                stream = await open_stream(server.port, f"/session/{sid}/events", tokens["read"])
+                assert stream.status == 200
+                streams.append(stream)
+            env = {"QWENWEB_BACKEND": "redis", "QWENWEB_REDIS_URL": cluster.redis_url,
+                   "QWENWEB_REDIS_KEY_PREFIX": cluster.prefix}  # fmt: skip
+            subprocess.run(
+                [sys.executable, "manage.py", "revoke_tokens", "--session", sid],
+                cwd=REPO, env=server_env(database, **env), check=True, timeout=60,
+                capture_output=True,
+            )  # fmt: skip
+            for stream in streams:
+                await stream.read_until(
+                    lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S
+                )
+                error = json.loads(next(e.data for e in stream.events if e.type == "stream_error"))
+                assert error["data"]["code"] == "token_revoked"
+        finally:
+            for stream in streams:
+                stream.close()
     relayed = [s.log().count("streams_ended reason=token_revoked count=") for s in servers]
     assert sum(relayed) >= 1, [s.log()[-2000:] for s in servers]  # the message, not only the sweep

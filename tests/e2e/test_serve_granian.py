@@ -342,7 +342,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """CERT, KEY, OTHER_KEY and LOCKED_KEY (see BAD_COMMAND_LINES)."""
     from cryptography.hazmat.primitives import serialization
 
-    from sessions.cli.devcert import make_local_certificate
+    from sessions.serving.devcert import make_local_certificate
 
     directory = tmp_path_factory.mktemp("tls")
     cert, key = tls_argv()[1], tls_argv()[3]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.cli.client import Publisher
+from sessions.api_client import Publisher
 from tests.support.h2client import H2Connection, H2Stream
 from tests.support.server import (
     RemoteSession,

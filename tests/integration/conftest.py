@@ -25,7 +25,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connections
-from django.test import AsyncClient
+from django.test import AsyncClient, Client
 
 from qwenweb.asgi import application
 from sessions.auth import issue_token
@@ -171,6 +171,11 @@ async def close(session_id: str, token: str | None = None) -> Response:
     """``POST /session/<id>/close`` with a publish token (one is issued if not given)."""
     token = token or issue_token(session_id, ["publish"])
     return await call("POST", f"/session/{session_id}/close", headers=bearer(token))
+
+
+def ids_of(frames: list[dict[str, Any]]) -> list[int]:
+    """The ids of the real events among ``frames`` (synthetic frames carry none, EB-18)."""
+    return [f["id"] for f in frames if "id" in f]
 
 
 def live_bus(session_id: str) -> Any:
@@ -355,6 +360,15 @@ def make_session() -> Callable[..., Awaitable[str]]:
         return row.id
 
     return _make
+
+
+@pytest.fixture
+def staff() -> Client:
+    """A Django test client logged in as a superuser (``root``), for the admin's pages."""
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture

@@ -76,14 +76,6 @@ def session(**fields: Any) -> AgentSession:
     return AgentSession.objects.create(**fields)
 
 
-@pytest.fixture
-def staff() -> Client:
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def cell(html: str, session_id: str, field: str) -> str:
     """The text of column ``field`` in the changelist row of ``session_id``."""
     row = next(r for r in html.split("<tr") if f'value="{session_id}"' in r)

@@ -107,7 +107,7 @@ def test_demo_refuses_a_port_that_is_taken() -> None:
 
 @pytest.mark.parametrize("port", ["0", "99999"])
 def test_demo_refuses_a_port_out_of_range(port: str) -> None:
-    # The rule of python -m qwenweb.serve (sessions.cli.listen), not an OverflowError.
+    # The rule of python -m qwenweb.serve (sessions.serving.listen), not an OverflowError.
     with pytest.raises(CommandError, match=f"^--port {port}: must be 1 to 65535"):
         run("demo", "--port", port, "--no-agent")
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from sessions.hooks import hooks
 from sessions.ops import lifecycle
+from sessions.process_state import process_state
 from sessions.transport.stream import DRAIN_RETRY_MS
 from tests.integration.conftest import publish
 
@@ -65,7 +65,7 @@ async def test_drain_spreads_the_ends_over_the_window(make_session, stream_of):
 async def test_a_new_stream_while_draining_gets_server_draining_and_retry(make_session, stream_of):
     # EB-16 (stream_error + retry, the stream ends), EB-18; SC-11 keeps that retry
     sid = await make_session()
-    hooks.draining = True
+    process_state.draining = True
     stream = await stream_of(sid)
     await stream.read_to_end()
     assert stream.status == 200
@@ -79,4 +79,4 @@ async def test_a_new_stream_while_draining_gets_server_draining_and_retry(make_s
 async def test_drain_without_streams_returns_at_once():
     async with asyncio.timeout(1):
         assert await lifecycle.drain(30.0) == 0
-    assert hooks.draining
+    assert process_state.draining

@@ -12,6 +12,7 @@ from asgiref.testing import ApplicationCommunicator
 from qwenweb.asgi import application
 from sessions.hooks import hooks
 from sessions.ops.metrics import metrics
+from sessions.process_state import process_state
 from tests.integration.conftest import (
     WAIT_S,
     Response,
@@ -80,7 +81,7 @@ async def test_readyz_answers_200_with_each_check():
 
 
 async def test_readyz_answers_503_draining_while_healthz_stays_200():
-    hooks.draining = True
+    process_state.draining = True
     assert_error(await probe("/readyz"), 503, "draining")
     assert (await probe("/healthz")).status == 200
 

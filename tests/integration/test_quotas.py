@@ -17,6 +17,7 @@ from django.utils import timezone
 from sessions.auth import issue_token
 from sessions.backends import rows
 from sessions.models import AgentSession
+from sessions.process_state import process_state
 from tests.integration.conftest import assert_error, bearer, call, csrf_headers, login_cookie
 from tests.integration.conftest import publish as publish_event
 from tests.support.backend import as_memory, memory_only
@@ -64,11 +65,11 @@ async def test_publish_while_draining_is_503_under_the_memory_backend_only(
 
     sid = await make_session()
     backend = get_backend()
-    backend.hooks.draining = True
+    process_state.draining = True
     try:
         response = await publish_event(sid, {"type": "a"})
     finally:
-        backend.hooks.draining = False
+        process_state.draining = False
     if backend.events_outlive_process:  # Redis: the event outlives the draining process
         assert response.status == 200
     else:

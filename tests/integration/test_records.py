@@ -154,7 +154,8 @@ async def test_disconnect_all_ends_the_connection_as_server_disconnect(make_sess
     sid = await make_session()
     stream = await stream_of(sid)
     await publish_many(sid, 1)
-    assert await get_backend().disconnect_subscribers(sid, reason="operator root") == 1
+    done = await get_backend().disconnect_everywhere(sid, reason="operator root")
+    assert done.here == 1
     await stream.read_to_end()
     assert stream.types == ["step", "stream_error"]
     (row,) = await rows(sid)

@@ -22,8 +22,6 @@ import orjson
 import pytest
 import pytest_asyncio
 import redis
-from django.contrib.auth import get_user_model
-from django.test import Client
 from django.urls import reverse
 from django_eventstream import eventstream
 from django_eventstream.views import Listener, get_listener_manager
@@ -74,14 +72,6 @@ def stuck_redis_url(monkeypatch: pytest.MonkeyPatch, prefix: str) -> Iterator[st
         monkeypatch.setenv("QWENWEB_REDIS_URL", url)
         get_config.cache_clear()
         yield url
-
-
-@pytest.fixture
-def staff() -> Client:
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def figures(subscribers: int, **overrides: Any) -> dict[str, Any]:
@@ -376,7 +366,7 @@ async def test_memory_backend_relays_no_activity(monkeypatch: pytest.MonkeyPatch
         await until(listener, lambda: bool(shown(listener)))  # the relay would start here
     await asyncio.sleep(0)  # and run its first step here
     assert relayed == []
-    assert getattr(get_backend(), "open_store", None) is None
+    assert backend.open_store(get_backend()) is None
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 
 from sessions import token_versions
 from sessions.auth import issue_current_token, issue_token
-from sessions.revocation import revoke_session_tokens, revoke_user_tokens
+from sessions.token_revocation import revoke_session_tokens, revoke_user_tokens
 from tests.integration.conftest import (
     assert_error,
     bearer,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sessions.backends.memory import MemoryBackend
     from sessions.backends.redis import RedisBackend
+    from sessions.backends.redis_store import RedisStore
 
 import asyncio
 import functools
@@ -127,12 +128,19 @@ def as_memory() -> MemoryBackend:
     return backend
 
 
+def open_store(backend: object) -> RedisStore | None:
+    """The Redis store ``backend`` started, if any (None for the memory backend, before the
+    first use and after ``aclose``). The tests' guards read the backend's own field: no
+    code of the server needs to ask."""
+    return getattr(backend, "_store", None)
+
+
 def close_backend_on(loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0) -> None:
     """Close the Redis store from another thread, on ``loop`` where it runs (if it does)."""
     from sessions.backends import backends
 
     current = backends.current
-    store = getattr(current, "open_store", None)
+    store = open_store(current)
     if current is None or store is None or store.loop is not loop or loop.is_closed():
         return
     asyncio.run_coroutine_threadsafe(current.aclose(), loop).result(timeout_s)

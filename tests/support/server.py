@@ -234,13 +234,24 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> N
             process.wait(timeout=timeout_s)
 
 
+TEST_REDIS_URL = os.environ.get("QWENWEB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+"""The Redis the end-to-end clusters share (``QWENWEB_TEST_REDIS_URL`` names another); each
+writes only under a key prefix of its own and deletes it (never FLUSHDB)."""
+
+
 def start_redis_server(
-    database: Path, redis_url: str, prefix: str, log_path: Path, **extra_env: str
+    database: Path,
+    redis_url: str,
+    prefix: str,
+    log_path: Path,
+    *serve_options: str,
+    **extra_env: str,
 ) -> ServerProcess:
     """Start ``python -m qwenweb.serve`` on a free port with the Redis backend.
 
     The server uses ``redis_url`` under the key prefix ``prefix``, with a process TTL of
-    2 s and a heartbeat every second (``extra_env`` adds to or overrides these).
+    2 s and a heartbeat every second (``extra_env`` adds to or overrides these);
+    ``serve_options`` go to its command line (``--workers 2``).
     """
     port = free_port()
     env = server_env(
@@ -254,33 +265,54 @@ def start_redis_server(
             **extra_env,
         },
     )
-    return ServerProcess(serve_argv(port), port, env, log_path).start()
+    return ServerProcess(serve_argv(port, *serve_options), port, env, log_path).start()
+
+
+@dataclass
+class RedisCluster:
+    """The ``qwenweb.serve`` processes of one deployment: one database, the Redis backend on
+    ``redis_url`` under the key prefix ``prefix``.
+
+    ``cluster(name, *serve_options, **env)`` starts one more (:func:`start_redis_server`
+    with the cluster's ``env``, then the call's), logging to ``<log_dir>/<name>.log``.
+    Made by :func:`redis_cluster`, which stops them all and deletes the prefix's keys.
+    """
+
+    database: Path
+    log_dir: Path
+    redis_url: str = TEST_REDIS_URL
+    prefix: str = field(default_factory=lambda: f"qwtest-{secrets.token_hex(4)}")
+    env: dict[str, str] = field(default_factory=dict)
+    started: list[ServerProcess] = field(default_factory=list)
+
+    def __call__(self, name: str, *serve_options: str, **env: str) -> ServerProcess:
+        server = start_redis_server(
+            self.database,
+            self.redis_url,
+            self.prefix,
+            self.log_dir / f"{name}.log",
+            *serve_options,
+            **{**self.env, **env},
+        )
+        self.started.append(server)
+        return server
 
 
 @contextlib.contextmanager
 def redis_cluster(
-    database: Path, redis_url: str, log_dir: Path, **extra_env: str
-) -> Iterator[Callable[[str], ServerProcess]]:
-    """``start(name)``: a ``qwenweb.serve`` process of one cluster (Redis backend, a key
-    prefix of its own, :func:`start_redis_server` with ``extra_env``). On exit every
-    process started is stopped and the prefix's keys are deleted."""
+    database: Path, log_dir: Path, *, redis_url: str = TEST_REDIS_URL, **extra_env: str
+) -> Iterator[RedisCluster]:
+    """A :class:`RedisCluster` with a key prefix of its own and ``extra_env`` for each of
+    its processes. On exit every process started is stopped (at once) and the prefix's keys
+    are deleted."""
     from tests.support.backend import delete_run_keys
 
-    prefix = f"qwtest-{secrets.token_hex(4)}"
-    started: list[ServerProcess] = []
-
-    def start(name: str) -> ServerProcess:
-        server = start_redis_server(
-            database, redis_url, prefix, log_dir / f"{name}.log", **extra_env
-        )
-        started.append(server)
-        return server
-
+    cluster = RedisCluster(database, log_dir, redis_url, env=dict(extra_env))
     try:
-        yield start
+        yield cluster
     finally:
-        stop_all(started)
-        delete_run_keys(prefix, redis_url)
+        stop_all(cluster.started)
+        delete_run_keys(cluster.prefix, redis_url)
 
 
 def daphne_argv(port: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""The tests' TLS: one local CA and server certificate per test run (``sessions.cli.devcert``).
+"""The tests' TLS: one local CA and server certificate per test run (``sessions.serving.devcert``).
 
 Every ``https://`` URL a test talks to is one of its own servers, started with
 :func:`certificate`'s files; :func:`client_context` trusts exactly that CA (and offers
@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sessions.cli.devcert import LocalCertificate, make_local_certificate
+from sessions.serving.devcert import LocalCertificate, make_local_certificate
 
 
 @functools.cache

@@ -2,7 +2,9 @@
 
 The import graph is read with ``ast`` from the application's own modules (``sessions/``
 and ``qwenweb/``; migrations aside), imports inside functions included. The line limit also
-holds for the browser's modules (``static/qwenweb/*.js``).
+holds for the browser's modules (``static/qwenweb/*.js``) and for the tests
+(``tests/**/*.py``, ``tests/js/*.mjs``). No code of the project (tests and bench included)
+reaches into asgiref's private attributes: they change without notice between releases.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("sessions", "qwenweb")
 BROWSER_MODULES = ROOT / "static" / "qwenweb"
+TESTS = ROOT / "tests"
+PYTHON_TREES = ("sessions", "qwenweb", "tests", "bench")
 MAX_MODULE_LINES = 700
 
 #: The inner layers, and what they may never import (the operator and web sides).
@@ -24,9 +28,19 @@ INNER = (
     "sessions.runtime",
     "sessions.transport",
     "sessions.hooks",
+    "sessions.process_state",
     "sessions.errors",
 )
-OUTER = ("sessions.ops", "sessions.web", "sessions.admin", "sessions.urls", "sessions.cli")
+OUTER = (
+    "sessions.ops",
+    "sessions.web",
+    "sessions.admin",
+    "sessions.urls",
+    "sessions.serving",
+    "sessions.api_client",
+    "sessions.scripted_agent",
+    "sessions.management",
+)
 
 
 def _module_files() -> Iterator[Path]:
@@ -210,3 +224,89 @@ def test_no_browser_module_over_700_lines():
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+def long_test_files(root: Path = ROOT) -> dict[str, int]:
+    """Test files (``tests/**/*.py``, ``tests/js/*.mjs``) over the limit, with their lengths."""
+    tests = root / "tests"
+    paths = [*tests.rglob("*.py"), *(tests / "js").glob("*.mjs")]
+    return {
+        str(path.relative_to(root)): lines
+        for path in sorted(paths)
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+
+
+def test_no_test_file_over_700_lines():
+    assert {"test_architecture.py", "sse_parser.test.mjs"} <= {
+        path.name for path in [*TESTS.rglob("*.py"), *(TESTS / "js").glob("*.mjs")]
+    }
+    assert long_test_files() == {}
+
+
+def _is_private(attribute: str) -> bool:
+    dunder = attribute.startswith("__") and attribute.endswith("__")
+    return attribute == "threadlocal" or (attribute.startswith("_") and not dunder)
+
+
+def asgiref_private_uses(path: Path) -> list[str]:
+    """Where ``path`` reads a private attribute of asgiref (``SyncToAsync.threadlocal``,
+    ``asgiref.sync._x``, ``from asgiref.x import _y``), as ``file:line name``."""
+    text = path.read_text()
+    if "asgiref" not in text and "threadlocal" not in text:
+        return []
+    tree = ast.parse(text, str(path))
+    bound: set[str] = set()  # names the module binds to asgiref modules or objects
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "asgiref":
+                    bound.add(alias.asname or "asgiref")
+                    found += [f"{path.name}:{node.lineno} {alias.name}"] * any(
+                        _is_private(part) for part in alias.name.split(".")
+                    )
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "asgiref":
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _is_private(alias.name) or any(
+                    _is_private(part) for part in (node.module or "").split(".")
+                ):
+                    found.append(f"{path.name}:{node.lineno} {node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if (isinstance(root, ast.Name) and root.id in bound) or node.attr == "threadlocal":
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_reads_asgirefs_private_attributes():
+    found = [
+        use
+        for tree in PYTHON_TREES
+        for path in sorted((ROOT / tree).rglob("*.py"))
+        for use in asgiref_private_uses(path)
+    ]
+    assert found == []
+
+
+def test_the_asgiref_check_sees_private_reads(tmp_path: Path):
+    path = tmp_path / "sample.py"
+    path.write_text(
+        "import asgiref.sync\n"
+        "from asgiref.sync import SyncToAsync, _private\n"
+        "from asgiref import local as loc\n"
+        "SyncToAsync.threadlocal.main_event_loop\n"
+        "asgiref.sync._restore_context\n"
+        "loc._CVar\n"
+        "SyncToAsync.__call__\n"
+    )
+    assert sorted(use.split(" ")[1] for use in asgiref_private_uses(path)) == [
+        "SyncToAsync.threadlocal",
+        "asgiref.sync._private",
+        "asgiref.sync._restore_context",
+        "loc._CVar",
+    ]

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from sessions.hooks import hooks
 from sessions.ops import lifecycle
 from sessions.ops.parent_death import PARENT_DEATH_SIGNAL
+from sessions.process_state import process_state
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.asyncio
 def listener() -> Iterator[lifecycle.Lifecycle]:
     """A lifecycle of the test's own (nothing signalled yet)."""
     yield lifecycle.Lifecycle()
-    hooks.shutting_down = False
+    process_state.shutting_down = False
 
 
 async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handler(listener):
@@ -34,7 +34,7 @@ async def test_first_signal_runs_the_shutdown_sequence_before_the_servers_handle
     seen: list[bool] = []
 
     def server_handler(signum, frame):
-        seen.append(hooks.shutting_down)  # our sequence ran first
+        seen.append(process_state.shutting_down)  # our sequence ran first
         called.set()
 
     handler = listener.chained_handler(loop, server_handler)
@@ -68,10 +68,10 @@ async def test_drain_signal_starts_the_drain_without_the_shutdown(listener):
     handler = listener.drain_handler(loop)
     handler(lifecycle.DRAIN_SIGNAL, None)
     async with asyncio.timeout(2):
-        while not hooks.draining:
+        while not process_state.draining:
             await asyncio.sleep(0)  # the handler hands the start to the loop
-    assert hooks.draining
-    hooks.draining = False
+    assert process_state.draining
+    process_state.draining = False
 
 
 async def test_parent_death_ends_everything_then_exits_once(listener):
@@ -89,5 +89,5 @@ async def test_parent_death_ends_everything_then_exits_once(listener):
     async with asyncio.timeout(lifecycle.ORPHAN_EXIT_S + 1):
         await exited.wait()
     assert exits == [0]  # the sequence finished in time, and the watchdog stood down
-    assert (hooks.shutting_down, hooks.draining) == (True, True)
-    hooks.draining = False
+    assert (process_state.shutting_down, process_state.draining) == (True, True)
+    process_state.draining = False

@@ -1,4 +1,4 @@
-"""``sessions.cli.listen``: the rule for where ``qwenweb.serve`` and ``manage.py demo`` listen."""
+"""``sessions.serving.listen``: where ``qwenweb.serve`` and ``manage.py demo`` may listen."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from sessions.cli.listen import CannotListen, check_address, check_can_listen, check_port
+from sessions.serving.listen import CannotListen, check_address, check_can_listen, check_port
 
 
 @pytest.mark.parametrize("port", [1, 8000, 65535])

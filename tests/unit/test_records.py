@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from sessions.bus import Frame, synthetic_frame
+from sessions.hooks import ConnectionInfo
 from sessions.ops.records import Batch, ConnectionRecord, Recorder
 
 pytestmark = pytest.mark.asyncio
@@ -63,7 +64,7 @@ class FakeWriter:
 
 
 def open_record(recorder: Recorder, session_id: str = "s-1") -> ConnectionRecord:
-    record = ConnectionRecord(
+    info = ConnectionInfo(
         id=uuid.uuid4(),
         session_id=session_id,
         auth="token",
@@ -74,9 +75,8 @@ def open_record(recorder: Recorder, session_id: str = "s-1") -> ConnectionRecord
         client_id="tab-1",
         max_queued=16,
         resumed_from=None,
-        opened_at=timezone.now(),
-        recorder=recorder,
     )
+    record = ConnectionRecord(info, opened_at=timezone.now(), recorder=recorder)
     recorder.opened(record)
     return record
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from sessions.auth import issue_token, verify_token
-from sessions.backends.revocation import Revocation
+from sessions.backends.revoked_streams import Revocation
 from sessions.token_versions import UserState, is_stale
 
 

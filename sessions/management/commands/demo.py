@@ -5,7 +5,7 @@ prints the URLs, tokens and a ``curl -N`` line, starts the development server (d
 ``runserver``) and plays the demo agent into the session in a loop until Ctrl-C.
 
 ``--tls``: HTTP/2 instead (browsers speak it only over TLS). A local CA and a certificate
-for localhost / 127.0.0.1 / ::1 are made once in ``var/tls/`` (``sessions.cli.devcert``,
+for localhost / 127.0.0.1 / ::1 are made once in ``var/tls/`` (``sessions.serving.devcert``,
 kept for the next runs, so trusting the CA once is enough), and the demo is served by the
 production entry point, ``python -m qwenweb.serve --certfile … --keyfile …`` (granian:
 HTTP/2 by ALPN, HTTP/1.1 otherwise; DEBUG on, so Django still serves the static files).
@@ -35,11 +35,11 @@ from django.core.management.base import CommandParser
 from django.utils import timezone
 
 from sessions.auth import issue_current_token
-from sessions.cli.devcert import LocalCertificate, make_local_certificate
-from sessions.cli.listen import CannotListen, another_port, check_can_listen, check_port
 from sessions.conf import get_config
 from sessions.models import AgentSession
 from sessions.ops.parent_death import PARENT_PID_ENV
+from sessions.serving.devcert import LocalCertificate, make_local_certificate
+from sessions.serving.listen import CannotListen, another_port, check_can_listen, check_port
 
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo-password"  # noqa: S105 - a local demo account, printed to the user
@@ -224,7 +224,7 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 def _check_port_free(addr: str, port: int) -> None:
     """Raise CommandError when ``--port`` is out of range or ``addr:port`` is taken
     (another demo, say): the demo would otherwise find that server answering and publish
-    into it. The rule is :mod:`sessions.cli.listen`'s, shared with ``qwenweb.serve``."""
+    into it. The rule is :mod:`sessions.serving.listen`'s, shared with ``qwenweb.serve``."""
     try:
         check_port(port)
     except CannotListen as exc:

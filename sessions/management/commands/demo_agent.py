@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.cli.client import ApiCallError, Publisher
-from sessions.cli.demo_agent import agent_turns
+from sessions.api_client import ApiCallError, Publisher
+from sessions.scripted_agent import agent_turns
 
 
 class Command(BaseCommand):

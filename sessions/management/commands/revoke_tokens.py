@@ -14,7 +14,7 @@ from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
 from sessions.models import normalize_session_id
-from sessions.revocation import revoke_session_tokens, revoke_user_tokens
+from sessions.token_revocation import revoke_session_tokens, revoke_user_tokens
 
 
 class Command(BaseCommand):

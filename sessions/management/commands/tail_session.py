@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.cli.client import EventStreamClient
+from sessions.api_client import EventStreamClient
 from sessions.wire import ServerSentEvent
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sessions.cli.client import EventStreamClient
+from sessions.api_client import EventStreamClient
 
 
 def client_after(failures: int, retry_ms: int = 3000) -> EventStreamClient:

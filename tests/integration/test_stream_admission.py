@@ -1,42 +1,34 @@
-"""``GET /session/<id>/events`` through the real ASGI application (EB-7, EB-12 ... EB-20).
+"""``GET /session/<id>/events`` through the real ASGI application: what the route checks
+before it streams (``sessions/transport/stream.py``): authentication (EB-12),
+``Last-Event-ID`` and ``X-Event-Epoch`` (EB-13), ``?maxQueued`` (EB-14), unknown and
+closed sessions (EB-15), the subscriber limit (EB-16), the response headers (EB-17).
 
-Protocol: ``docs/protocol.md``, "The stream" (and "Ids and epochs" for restarts); comments
-name its sections in quotes.
+Protocol: ``docs/protocol.md``, "The stream"; comments name its sections in quotes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from typing import Any
 from unittest import mock
 
 import pytest
 from django.core import signing
 
 from sessions.auth import TOKEN_SALT, issue_token
-from sessions.backends import get_backend
-from sessions.wire import FrameEncoder
 from tests.integration.conftest import (
     assert_error,
     bearer,
     burst,
-    close,
-    live_bus,
+    ids_of,
     load,
     login_cookie,
     publish,
     publish_many,
     records,
 )
-from tests.support.backend import memory_only, redis_only
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def _ids(frames: list[dict[str, Any]]) -> list[int]:
-    return [f["id"] for f in frames if "id" in f]
 
 
 # -- EB-12: authentication ---------------------------------------------------------------
@@ -230,7 +222,7 @@ async def test_last_event_id_with_leading_zeros_is_a_valid_cursor(make_session, 
     stream = await stream_of(sid, headers={"last-event-id": "0002"})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [3]
+    assert ids_of(stream.frames) == [3]
 
 
 async def test_last_event_id_at_max_safe_integer_is_a_valid_cursor(make_session, stream_of):
@@ -251,7 +243,7 @@ async def test_invalid_event_epoch_is_ignored_with_a_log_line(make_session, stre
     stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [2]
+    assert ids_of(stream.frames) == [2]
     assert len(records(logs, "epoch_rejected")) == 1
 
 
@@ -263,7 +255,7 @@ async def test_matching_event_epoch_replays_after_the_cursor(make_session, strea
     stream = await stream_of(sid, headers={"last-event-id": "1", "x-event-epoch": epoch})
     await stream.read_until_type("replay_complete")
     assert stream.types == ["step", "replay_complete"]
-    assert _ids(stream.frames) == [2]
+    assert ids_of(stream.frames) == [2]
 
 
 async def test_mismatched_event_epoch_gives_epoch_reset_and_replays_whole_ring(
@@ -280,7 +272,7 @@ async def test_mismatched_event_epoch_gives_epoch_reset_and_replays_whole_ring(
         "earliestAvailableId": 1,
         "detail": "epoch_mismatch",
     }
-    assert _ids(stream.frames) == [1, 2]
+    assert ids_of(stream.frames) == [1, 2]
 
 
 # -- EB-14: ?maxQueued -------------------------------------------------------------------
@@ -384,27 +376,6 @@ async def test_checks_run_in_order_auth_then_max_queued_then_lookup(stream_of, o
     assert_error(await authorized.read_to_end(), 400, "invalid_max_queued")
 
 
-# -- EB-4, EB-5 through the route: a client that stops reading ----------------------------
-
-
-async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_ends(
-    make_session, stream_of
-):
-    # EB-4, EB-5 (the pump is held off by publishing without yielding)
-    sid = await make_session()
-    stream = await stream_of(sid, query="maxQueued=16")
-    await burst(sid, 40)
-    await stream.read_to_end()
-    assert stream.types[-1] == "client_evicted"
-    assert "slow_client_warning" in stream.types
-    evicted = stream.frames[-1]["data"]
-    delivered = _ids(stream.frames)
-    assert delivered == list(range(1, len(delivered) + 1))
-    assert evicted["reason"] == "queue_overflow"
-    assert evicted["droppedAfter"] == delivered[-1] + 1
-    assert live_bus(sid).subscriber_count == 0
-
-
 # -- EB-16: subscriber limit -------------------------------------------------------------
 
 
@@ -455,344 +426,3 @@ async def test_stream_headers_are_exactly_the_event_stream_set(make_session, str
         "x-accel-buffering": "no",
         "x-event-epoch": (await load(sid)).json()["epoch"],
     }
-
-
-# -- EB-18: body ---------------------------------------------------------------------------
-
-
-async def test_first_body_chunk_is_retry_3000_before_any_event(make_session, stream_of):
-    # EB-18
-    sid = await make_session()
-    stream = await stream_of(sid)
-    assert await stream.read_chunk() == b"retry: 3000\n\n"
-    assert not stream.ended
-
-
-async def test_published_event_reaches_the_open_stream_at_once(make_session, stream_of):
-    # EB-18: nothing is held until the stream ends
-    sid = await make_session()
-    stream = await stream_of(sid)
-    response = await publish(sid, {"type": "progress", "data": {"pct": 50}})
-    frame = await stream.read_until_type("progress")
-    assert frame["id"] == response.json()["id"] == 1
-    assert frame["data"] == {"pct": 50}
-    assert not stream.ended
-
-
-async def test_only_real_events_carry_an_id_line(make_session, stream_of):
-    # EB-18
-    sid = await make_session()
-    await publish_many(sid, 1)
-    stream = await stream_of(sid, headers={"last-event-id": "0"})
-    await publish(sid, {"type": "live"})
-    await stream.read_until_type("live")
-    blocks = stream.blocks()
-    assert blocks[0] == ["retry: 3000"]
-    assert blocks[1][:2] == ["id: 1", "event: step"]
-    assert blocks[3][:2] == ["id: 2", "event: live"]
-    assert blocks[2][0] == "event: replay_complete"
-    assert len(blocks[2]) == 2
-
-
-async def test_frames_are_written_as_compact_json_of_the_whole_envelope(make_session, stream_of):
-    # EB-18, "Frames"
-    sid = await make_session()
-    stream = await stream_of(sid)
-    await publish(sid, {"type": "t", "data": {"a": "é"}, "originatorClientId": "c1"})
-    frame = await stream.read_until_type("t")
-    assert list(frame) == ["id", "v", "type", "data", "_meta", "originatorClientId"]
-    assert 'data: {"id":1,"v":1,"type":"t","data":{"a":"é"},' in stream.body.decode()
-
-
-async def test_synthetic_frames_get_a_server_timestamp_at_write_time(make_session, stream_of):
-    # EB-18
-    sid = await make_session()
-    before = time.time_ns() // 1_000_000
-    stream = await stream_of(sid, headers={"last-event-id": "0"})
-    frame = await stream.read_until_type("replay_complete")
-    assert "id" not in frame
-    assert frame["v"] == 1
-    assert before <= frame["_meta"]["serverTimestamp"] <= time.time_ns() // 1_000_000
-
-
-async def test_idle_stream_writes_heartbeat_comments(make_session, stream_of, qwenweb_settings):
-    # EB-18
-    qwenweb_settings(HEARTBEAT_INTERVAL_S=0.05)
-    sid = await make_session()
-    stream = await stream_of(sid)
-    await stream.read_until(lambda s: len(s.comments) >= 2)
-    assert stream.comments == ["heartbeat", "heartbeat"]
-    assert stream.events == []
-    assert stream.chunks[1:] == [b": heartbeat\n\n"] * 2
-    assert not stream.ended
-
-
-# -- EB-7 through the route: replay ------------------------------------------------------
-
-
-async def test_cursor_replays_exactly_the_missed_events_then_goes_live(make_session, stream_of):
-    # EB-7
-    sid = await make_session()
-    await publish_many(sid, 5)
-    stream = await stream_of(sid, headers={"last-event-id": "2"})
-    complete = await stream.read_until_type("replay_complete")
-    assert complete["data"] == {"replayedCount": 3, "lastReplayedEventId": 5}
-    await publish(sid, {"type": "live"})
-    await stream.read_until_type("live")
-    assert stream.types == ["step"] * 3 + ["replay_complete", "live"]
-    assert _ids(stream.frames) == [3, 4, 5, 6]
-
-
-async def test_cursor_zero_replays_the_whole_ring(make_session, stream_of):
-    # EB-7
-    sid = await make_session()
-    await publish_many(sid, 3)
-    stream = await stream_of(sid, headers={"last-event-id": "0"})
-    complete = await stream.read_until_type("replay_complete")
-    assert _ids(stream.frames) == [1, 2, 3]
-    assert "state_resync_required" not in stream.types
-    assert complete["data"] == {"replayedCount": 3, "lastReplayedEventId": 3}
-
-
-async def test_cursor_zero_on_empty_session_sends_replay_complete_with_zero(
-    make_session, stream_of
-):
-    # EB-7, "Resuming" (cursor 0 on a session with no event yet)
-    sid = await make_session()
-    stream = await stream_of(sid, headers={"last-event-id": "0"})
-    complete = await stream.read_until_type("replay_complete")
-    assert stream.types == ["replay_complete"]
-    assert complete["data"] == {"replayedCount": 0}
-
-
-async def test_cursor_at_last_event_replays_nothing(make_session, stream_of):
-    # EB-7
-    sid = await make_session()
-    await publish_many(sid, 3)
-    stream = await stream_of(sid, headers={"last-event-id": "3"})
-    complete = await stream.read_until_type("replay_complete")
-    assert stream.types == ["replay_complete"]
-    assert complete["data"] == {"replayedCount": 0}
-
-
-async def test_cursor_behind_the_ring_gives_ring_evicted_then_the_survivors(
-    make_session, stream_of
-):
-    # EB-7
-    sid = await make_session(ring_size=3)
-    await publish_many(sid, 6)
-    stream = await stream_of(sid, headers={"last-event-id": "1"})
-    await stream.read_until_type("replay_complete")
-    assert stream.frames[0] == {
-        "v": 1,
-        "type": "state_resync_required",
-        "data": {"reason": "ring_evicted", "lastDeliveredId": 1, "earliestAvailableId": 4},
-        "_meta": stream.frames[0]["_meta"],
-    }
-    assert _ids(stream.frames) == [4, 5, 6]
-    assert stream.types[-1] == "replay_complete"
-
-
-async def test_cursor_just_before_the_ring_is_not_a_gap(make_session, stream_of):
-    # EB-7: N == ring[0].id - 1
-    sid = await make_session(ring_size=3)
-    await publish_many(sid, 6)
-    stream = await stream_of(sid, headers={"last-event-id": "3"})
-    await stream.read_until_type("replay_complete")
-    assert "state_resync_required" not in stream.types
-    assert _ids(stream.frames) == [4, 5, 6]
-
-
-async def test_cursor_at_or_above_next_id_gives_epoch_reset_and_whole_ring(make_session, stream_of):
-    # EB-7
-    sid = await make_session()
-    await publish_many(sid, 2)
-    stream = await stream_of(sid, headers={"last-event-id": "3"})
-    await stream.read_until_type("replay_complete")
-    assert stream.frames[0]["data"] == {
-        "reason": "epoch_reset",
-        "lastDeliveredId": 3,
-        "earliestAvailableId": 1,
-    }
-    assert _ids(stream.frames) == [1, 2]
-
-
-# -- "Ids and epochs": a restarted server -------------------------------------------------
-
-RESTART_STARTS_A_NEW_SEQUENCE = memory_only(
-    "a restarted process starts a new id sequence; with Redis the sequence outlives the "
-    "process (test_old_cursor_after_restart_resumes_exactly_with_redis; lost Redis data: "
-    "test_redis_runtime.py)"
-)
-
-
-@RESTART_STARTS_A_NEW_SEQUENCE
-async def test_old_cursor_after_restart_gets_resync_not_events_sharing_its_numbers(
-    make_session, stream_of
-):
-    # "Ids and epochs", EB-1 start_id, EB-7
-    sid = await make_session()
-    await publish_many(sid, 3)
-    get_backend().registry.clear()  # a new process: the bus is rebuilt from the row
-    stream = await stream_of(sid, headers={"last-event-id": "3"})
-    await stream.read_until_type("replay_complete")
-    resync = stream.frames[0]
-    assert resync["type"] == "state_resync_required"
-    assert resync["data"]["reason"] in {"ring_evicted", "epoch_reset"}
-    assert _ids(stream.frames) == []
-
-
-@RESTART_STARTS_A_NEW_SEQUENCE
-async def test_ids_after_restart_continue_above_every_old_id(make_session, stream_of):
-    # "Ids and epochs", EB-1 start_id
-    sid = await make_session()
-    old_ids = await publish_many(sid, 3)
-    get_backend().registry.clear()
-    stream = await stream_of(sid, headers={"last-event-id": str(old_ids[-1])})
-    new_ids = await publish_many(sid, 2)
-    await stream.read_until(lambda s: len(_ids(s.frames)) == 2)
-    assert new_ids[0] > old_ids[-1]
-    assert new_ids[1] == new_ids[0] + 1
-    assert _ids(stream.frames) == new_ids
-    assert stream.types[0] == "state_resync_required"
-
-
-@RESTART_STARTS_A_NEW_SEQUENCE
-async def test_old_cursor_after_restart_and_new_events_replays_only_new_events(
-    make_session, stream_of
-):
-    # "Ids and epochs", EB-7: the new bus's events are replayed, never the old numbers
-    sid = await make_session()
-    await publish_many(sid, 3)
-    get_backend().registry.clear()
-    new_ids = await publish_many(sid, 3)
-    stream = await stream_of(sid, headers={"last-event-id": "3"})
-    await stream.read_until_type("replay_complete")
-    assert stream.frames[0]["data"]["reason"] in {"ring_evicted", "epoch_reset"}
-    assert _ids(stream.frames) == new_ids
-    assert min(new_ids) > 3
-
-
-@RESTART_STARTS_A_NEW_SEQUENCE
-async def test_old_epoch_after_restart_gives_epoch_mismatch(make_session, stream_of):
-    # "Ids and epochs" (the epoch), EB-7
-    sid = await make_session()
-    await publish_many(sid, 3)
-    old_epoch = (await load(sid)).json()["epoch"]
-    get_backend().registry.clear()
-    await publish_many(sid, 5)
-    stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": old_epoch})
-    await stream.read_until_type("replay_complete")
-    assert stream.frames[0]["data"]["detail"] == "epoch_mismatch"
-
-
-@redis_only("the id sequence outlives the process there")
-async def test_old_cursor_after_restart_resumes_exactly_with_redis(make_session, stream_of):
-    # the Redis backend: ids, epoch and the ring live in Redis, not in the process
-    sid = await make_session()
-    await publish_many(sid, 3)
-    epoch = (await load(sid)).json()["epoch"]
-    get_backend().registry.clear()
-    await get_backend().aclose()  # a new process: a new store and reader
-    new_ids = await publish_many(sid, 2)
-    stream = await stream_of(sid, headers={"last-event-id": "3", "x-event-epoch": epoch})
-    await stream.read_until_type("replay_complete")
-    assert "state_resync_required" not in stream.types
-    assert _ids(stream.frames) == new_ids == [4, 5]
-
-
-async def test_ids_continue_above_the_renewed_reservation_after_restart(
-    make_session, qwenweb_settings
-):
-    # "Ids and epochs": ids are reserved in blocks and renewed ahead of use
-    qwenweb_settings(ID_RESERVATION_BLOCK=1000)  # the smallest block allowed
-    sid = await make_session()
-    old_ids = await publish_many(sid, 1200)  # past the first block: renewed at 500
-    await get_backend().flush_all()  # what a graceful shutdown does
-    get_backend().registry.clear()
-    (new_id,) = await publish_many(sid, 1)
-    assert new_id > old_ids[-1]
-
-
-# -- EB-19: the pump fails ----------------------------------------------------------------
-
-
-@pytest.fixture
-def encode_fails_on_explode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the route's frame encoder raise for frames of type ``explode`` (EB-19)."""
-    encode = FrameEncoder.event
-
-    def failing_encode(self, frame):
-        if frame.type == "explode":
-            raise RuntimeError("cannot encode this frame")
-        return encode(self, frame)
-
-    monkeypatch.setattr(FrameEncoder, "event", failing_encode)
-
-
-@pytest.mark.usefixtures("encode_fails_on_explode")
-async def test_pump_failure_writes_one_stream_error_and_ends_the_body(
-    make_session, stream_of, logs
-):
-    # EB-19
-    sid = await make_session()
-    stream = await stream_of(sid)
-    await publish(sid, {"type": "explode"})
-    await stream.read_to_end()
-    assert stream.types == ["stream_error"]
-    assert list(stream.frames[0]["data"]) == ["error"]
-    assert isinstance(stream.frames[0]["data"]["error"], str)
-    assert len(records(logs, "stream_error")) == 1
-    assert live_bus(sid).subscriber_count == 0
-
-
-# -- EB-20: client disconnect --------------------------------------------------------------
-
-
-async def test_disconnect_removes_the_subscriber_within_one_second(make_session, stream_of, logs):
-    # EB-20
-    sid = await make_session()
-    stream = await stream_of(sid)
-    assert (await load(sid)).json()["subscriberCount"] == 1
-    async with asyncio.timeout(1):
-        await stream.disconnect()  # returns once the application has returned
-    assert stream.done
-    assert live_bus(sid).subscriber_count == 0
-    assert (await load(sid)).json()["subscriberCount"] == 0
-    assert [r for r in logs.records if r.levelname in ("ERROR", "CRITICAL")] == []
-
-
-async def test_disconnect_while_frames_are_queued_removes_the_subscriber(make_session, stream_of):
-    # EB-20, EB-8
-    sid = await make_session()
-    stream = await stream_of(sid)
-    await burst(sid, 50)
-    async with asyncio.timeout(1):
-        await stream.disconnect()
-    assert live_bus(sid).subscriber_count == 0
-
-
-# -- session close while streaming ---------------------------------------------------------
-
-
-async def test_closing_the_session_sends_session_closed_then_ends_the_body(make_session, stream_of):
-    # "Endpoints", POST /session/<id>/close, EB-9
-    sid = await make_session()
-    stream = await stream_of(sid)
-    assert (await close(sid)).status == 200
-    closed = await stream.read_until_type("session_closed")
-    await stream.read_to_end()
-    assert closed["id"] == 1
-    assert stream.types == ["session_closed"]
-    assert stream.ended
-    async with asyncio.timeout(1):
-        await stream.communicator.wait(1)
-
-
-async def test_stream_after_close_is_204(make_session, stream_of):
-    # EB-15
-    sid = await make_session()
-    await close(sid)
-    stream = await (await stream_of(sid)).read_to_end()
-    assert stream.status == 204
-    assert stream.body == b""
