@@ -15,7 +15,8 @@
    ``agent_message_chunk`` events with a few tool calls, ``rate``/s, published over HTTP)
    read by a plain reader and by one sending a browser's ``Accept-Encoding``: body bytes
    after de-chunking, the events each got, and for every frame how much later it became
-   decodable from the gzipped bytes received so far than from the plain ones.
+   decodable from the gzipped bytes received so far than from the plain ones. Then the
+   session's snapshot at ``limit=500``, plain and ``compact=1``: bytes of each.
 
 Every loop is bounded in count and time; servers are stopped at the end.
 """
@@ -193,6 +194,16 @@ def _publish_tokens(
     connection.close()
 
 
+def _get(port: int, target: str, token: str) -> bytes:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
+    connection.request("GET", target, headers={"Authorization": f"Bearer {token}"})
+    answer = connection.getresponse()
+    body = answer.read()
+    connection.close()
+    assert answer.status == 200, answer.status
+    return body
+
+
 def side_by_side(server: Server, count: int, rate: float) -> dict[str, Any]:
     """A token stream read plain and gzipped at once; see the module docstring (3)."""
     channel = server.call("/bench/session?scope=read,publish")
@@ -208,7 +219,13 @@ def side_by_side(server: Server, count: int, rate: float) -> dict[str, Any]:
     assert plain.error is None, plain.error
     assert gzipped.error is None, gzipped.error
     delays = [(gzipped.decoded[i] - plain.decoded[i]) * 1000 for i in plain.decoded if i]
+    snapshot = _get(server.port, f"/session/{sid}?limit=500", token)
+    compacted = _get(server.port, f"/session/{sid}?limit=500&compact=1", token)
     return {
+        "snapshot_limit_500_bytes": len(snapshot),
+        "compacted_bytes": len(compacted),
+        "compacted_kept": len(compacted) / len(snapshot),
+        "compacted_entries": len(json.loads(compacted)["events"]),
         "events": count,
         "rate_per_s": rate,
         "plain_bytes": plain.body_bytes,
