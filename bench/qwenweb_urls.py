@@ -1,10 +1,13 @@
 """Bench routes for qwenweb in front of the project's URLs (see ``qwenweb_bench_settings``).
 
-- ``POST /bench/session``: a new session; ``{"channel", "token", "path"}`` (read token).
+- ``POST /bench/session[?scope=read,publish]``: a new session; ``{"channel", "token",
+  "path"}`` (a token of those scopes, default read).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
   ``MemoryBackend.publish_nowait`` on the server's event loop (in-process, no HTTP per
   event; with another backend ``Backend.publish``, e.g. one Redis round-trip each);
-  answers when the last one is published, with the publish timings.
+  answers when the last one is published, with the publish timings. ``&shape=token``:
+  each event is a one-word ``agent_message_chunk`` (``session_update``) carrying ``seq`` and
+  ``t``, about 200 bytes on the wire (``size`` is then ignored; bench.compression).
 - ``GET /bench/ping``: readiness.
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
   ``BENCH_TRACEMALLOC=1`` (``bench.memprofile``): snapshot, then the top allocation sites
@@ -28,6 +31,7 @@ from sessions.auth import issue_token
 from sessions.backends import get_backend
 from sessions.backends.memory import MemoryBackend
 from sessions.models import AgentSession
+from sessions.scripted_agent import document_text, split_tokens
 
 
 def _create_row() -> str:
@@ -41,10 +45,30 @@ async def bench_session(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {
             "channel": session_id,
-            "token": issue_token(session_id, ["read"], "bench"),
+            "token": issue_token(session_id, request.GET.get("scope", "read").split(","), "bench"),
             "path": f"/session/{session_id}/events",
         }
     )
+
+
+_WORDS = split_tokens(document_text()[1][1])  # the Zen of Python, word by word
+
+
+def _bench_event(data: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "bench", "data": data}
+
+
+def _token_event(data: dict[str, Any]) -> dict[str, Any]:
+    word = _WORDS[data["seq"] % len(_WORDS)]
+    return {
+        "type": "session_update",
+        "data": {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": word},
+            "seq": data["seq"],
+            "t": data["t"],
+        },
+    }
 
 
 @csrf_exempt
@@ -53,14 +77,16 @@ async def bench_burst(request: HttpRequest) -> HttpResponse:
     backend = get_backend()
     live = await backend.get_live_session(request.GET["channel"])
 
+    shape = _token_event if request.GET.get("shape") == "token" else _bench_event
+
     async def publish_shared(data: dict[str, Any]) -> bool:
-        return await backend.publish(live, {"type": "bench", "data": data}) is not None
+        return await backend.publish(live, shape(data)) is not None
 
     if isinstance(backend, MemoryBackend):
         memory = backend
 
         def publish(data: dict[str, Any]) -> bool:
-            return memory.publish_nowait(live, {"type": "bench", "data": data}) is not None
+            return memory.publish_nowait(live, shape(data)) is not None
 
         return JsonResponse(await run_burst(publish, n, size, rate, batch))
     return JsonResponse(await run_burst(publish_shared, n, size, rate, batch))

@@ -8,6 +8,8 @@
   :class:`sessions.wire.SSEParser` and reconnects the way EventSource does: with
   ``Last-Event-ID`` (and the ``X-Event-Epoch`` it came from) after the server's
   ``retry`` delay, stopping for good on 204 (SC-9 ... SC-11, EB-13 of docs/protocol.md).
+  It asks for a gzipped stream (EB-17) and decodes it with ``zlib.decompressobj``:
+  ``http.client`` de-chunks but does not decompress.
 
 Neither imports Django, so they work against any running server.
 """
@@ -19,6 +21,7 @@ import json
 import random
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -166,6 +169,9 @@ class EventStreamClient:
     and after a ``stream_error`` with code ``token_revoked`` or ``token_expired``; the
     client retries at once with it (SC-10: a token that was rejected is never sent again,
     so a refresh that returns it stops with 2). Without it a 401 stops with 2.
+
+    ``compressed`` (default True) sends ``Accept-Encoding: gzip``; a gzipped answer is
+    decoded chunk by chunk, so every frame is dispatched as soon as its bytes arrive.
     """
 
     url: str
@@ -177,6 +183,7 @@ class EventStreamClient:
     max_connections: int | None = None
     read_timeout_s: float = 60.0
     refresh_token: Callable[[], str] | None = None
+    compressed: bool = True
 
     def __post_init__(self) -> None:
         self.retry_ms = DEFAULT_RETRY_MS
@@ -230,6 +237,8 @@ class EventStreamClient:
     def _connect_once(self) -> None:
         conn, path = _connection(self.url, self.read_timeout_s)
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "text/event-stream"}
+        if self.compressed:
+            headers["Accept-Encoding"] = "gzip"
         if self.last_event_id:
             headers["Last-Event-ID"] = self.last_event_id
             if self.epoch:
@@ -245,12 +254,14 @@ class EventStreamClient:
             parser = SSEParser(
                 self._dispatch, on_retry=self._set_retry, last_event_id=self.last_event_id
             )
+            encoding = (response.getheader("Content-Encoding") or "").strip().lower()
+            inflate = zlib.decompressobj(zlib.MAX_WBITS | 16) if encoding == "gzip" else None
             while True:
                 chunk = response.read1(65536)
                 if not chunk:
                     parser.end()
                     return
-                parser.feed_bytes(chunk)
+                parser.feed_bytes(inflate.decompress(chunk) if inflate is not None else chunk)
         except TimeoutError:
             self.on_status("no data (not even a heartbeat) for too long")
         finally:

@@ -96,6 +96,7 @@ ENV_OVERRIDES: Final = {
     "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
+    "STREAM_COMPRESSION": "QWENWEB_STREAM_COMPRESSION",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -140,6 +141,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "SESSION_HOLD_TTL_S": 30.0,
     "SNAPSHOT_LIMIT": 500,
     "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
+    # EB-17: gzip the stream when the client accepts it (docs/protocol.md, "Compression").
+    "STREAM_COMPRESSION": True,
 }
 
 # key -> (kind, minimum, maximum)
@@ -257,6 +260,8 @@ class QwenwebConfig:
     snapshot_limit: int
     #: Byte cap of a snapshot's events (the newest event is answered even if larger).
     snapshot_max_bytes: int
+    #: Whether a stream is gzipped when its request accepts it (EB-17; off: never).
+    stream_compression: bool
 
     @property
     def peer_timeout_s(self) -> float | None:
@@ -312,7 +317,7 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return _coerce_origins(source, raw)
     if key == "TCP_USER_TIMEOUT_S":
         return _coerce_user_timeout(source, raw)
-    if key == "METRICS":
+    if key in ("METRICS", "STREAM_COMPRESSION"):
         return _coerce_bool(source, raw)
     if key == "METRICS_TOKEN":
         if isinstance(raw, str) and (raw == "" or (len(raw) >= 16 and raw.isprintable())):

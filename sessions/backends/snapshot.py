@@ -2,7 +2,8 @@
 
 ``GET /session/<id>?limit=N&before=<id>`` (docs/protocol.md, "GET /session/<id>") answers at
 most ``limit`` events (default ``SNAPSHOT_LIMIT``, at most ``SNAPSHOT_MAX_LIMIT``) and at most
-``SNAPSHOT_MAX_BYTES`` of them, the newest first chosen, oldest first written. The events
+``SNAPSHOT_MAX_BYTES`` of them, the newest first chosen, oldest first written; ``compact=1``
+merges runs of token events of the chosen page (:meth:`SnapshotPage.compacted`). The events
 are the bytes serialized at publish time: :class:`SnapshotPage` keeps references to them
 (never a copy of the ring) and :meth:`SnapshotPage.chunks` writes them out one by one, so
 answering a ring of 300 MiB costs at most one page of bytes in flight, not the ring again.
@@ -17,6 +18,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from sessions.backends.compaction import compact_events
 from sessions.bus import EventBus, Frame
 
 __all__ = ["SnapshotPage", "snapshot_page"]
@@ -69,6 +71,15 @@ class SnapshotPage:
     def body(self) -> bytes:
         """The whole body at once (tests and small pages)."""
         return b"".join(self.chunks())
+
+    def compacted(self) -> SnapshotPage:
+        """Return this page with its runs of token events merged (``?compact=1``).
+
+        The same head (``firstEventId``, ``hasOlder``, ``lastEventId``: the page chose its
+        events, ``limit`` counted them raw), the events through
+        :func:`~sessions.backends.compaction.compact_events`. Never raises.
+        """
+        return SnapshotPage(self.head, compact_events(self.events))
 
 
 class LoadedSession(Protocol):

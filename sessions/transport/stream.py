@@ -76,6 +76,7 @@ from sessions.errors import ApiError, backend_unavailable, error_headers
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
 from sessions.process_state import process_state
+from sessions.transport.compressed import GZIP_HEADERS, CompressedSend, stream_codec
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
@@ -107,6 +108,7 @@ _STREAM_HEADERS: Final = (
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
+    (b"vary", b"accept-encoding"),
 )
 
 _CLIENT_DISCONNECT: Final = SubscriberConnection.EndReason.CLIENT_DISCONNECT.value
@@ -130,6 +132,7 @@ class _Admission:
     epoch: str | None
     max_queued: int
     principal: Principal
+    codec: str | None  # EB-17: "gzip" or None
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -239,6 +242,7 @@ class SessionEventsRoute:
                     "headers": [
                         *_STREAM_HEADERS,
                         (b"x-event-epoch", live.bus.epoch.encode()),
+                        *(GZIP_HEADERS if admission.codec else ()),
                         *cors,
                     ],
                 }
@@ -247,12 +251,19 @@ class SessionEventsRoute:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             observer = self.hooks.connection_opened(info)
+            body_send = CompressedSend(send) if admission.codec else None
             # daphne sends no headers until the first body bytes: write retry now (EB-18).
             retry = encode_retry(DEFAULT_RETRY_MS)
-            await send({"type": "http.response.body", "body": retry, "more_body": True})
+            await (body_send or send)(
+                {"type": "http.response.body", "body": retry, "more_body": True}
+            )
+            if body_send is not None:
+                body_send.release()  # a stream that stays idle holds no context (EB-17)
             subscription.bytes_sent += len(retry)
             observer.bytes_written(len(retry))
-            reason, detail = await self._serve(subscription, receive, send, live, observer)
+            reason, detail = await self._serve(
+                subscription, receive, body_send or send, live, observer
+            )
             observer.closed(reason, detail)
         except asyncio.CancelledError:
             if observer is not None:  # the server cancels its streams when it shuts down
@@ -283,6 +294,11 @@ class SessionEventsRoute:
         check_token_scope(principal, session_id or "", "read")
         last_event_id, epoch = _cursor(headers, raw_session_id)  # EB-13
         max_queued = _parse_max_queued(scope.get("query_string", b""))  # EB-14
+        codec = stream_codec(  # EB-17
+            backend.config.stream_compression,
+            headers.get(b"accept-encoding"),
+            scope.get("query_string", b""),
+        )
         if session_id is None:  # EB-15
             raise ApiError(404, "not_found", "unknown session")
         try:
@@ -303,7 +319,7 @@ class SessionEventsRoute:
             raise ApiError(
                 503, "unavailable", "the database is busy; try again", log_extra=f" error={exc!r}"
             ) from None
-        return _Admission(live, last_event_id, epoch, max_queued, principal)
+        return _Admission(live, last_event_id, epoch, max_queued, principal, codec)
 
     async def _serve(
         self,

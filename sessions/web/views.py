@@ -294,23 +294,28 @@ async def _open_session(principal: Principal, session_id: str, scope: str) -> Li
 async def load_session(
     request: HttpRequest, session_id: str
 ) -> HttpResponse | StreamingHttpResponse:
-    """``GET /session/<id>?limit=N&before=<id>``: the snapshot a client rebuilds from.
+    """``GET /session/<id>?limit=N&before=<id>&compact=1``: the snapshot a client rebuilds from.
 
     Needs ``read`` access. Answers the newest ``limit`` events (default ``SNAPSHOT_LIMIT``,
     at most ``SNAPSHOT_MAX_LIMIT``) with an id below ``before``, within
     ``SNAPSHOT_MAX_BYTES``, with ``hasOlder`` / ``firstEventId`` to page back; written out
     as it is read (``SnapshotPage.chunks``). 400 ``invalid_request`` (``field`` ``limit`` or
-    ``before``) for a value that is not an integer in range; 404 unknown; a closed session
+    ``before``) for a value that is not an integer in range (``compact``: not 0 or 1);
+    ``compact=1`` merges runs of token events (:meth:`SnapshotPage.compacted`, the same
+    ``limit`` of raw events); 404 unknown; a closed session
     answers the same shape with ``"status": "closed"``, no epoch and no events. The
     snapshot holds every event published before the request, on any process.
     """
     session_id = _session_id_or_404(session_id)
     limit = _query_int(request, "limit", SNAPSHOT_MAX_LIMIT)
     before = _query_int(request, "before", MAX_SAFE_INTEGER)
+    compact = _query_flag(request, "compact")
     principal = await _authenticate(request)
     try:
         live = await _open_session(principal, session_id, "read")
         page = await get_backend().snapshot(live, limit=limit, before=before)
+        if compact:
+            page = page.compacted()
     except SessionClosedError:
         row = await _row_or_404(session_id)
         return JsonResponse(
@@ -339,6 +344,18 @@ async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
     # An async iterator: Django would otherwise collect a sync one into a list first.
     for chunk in chunks:
         yield chunk
+
+
+def _query_flag(request: HttpRequest, name: str) -> bool:
+    """The query parameter ``name`` as ``0``/``1`` (absent: False).
+
+    Raises ``ApiError`` 400 ``invalid_request`` with ``field`` = ``name`` for any other value
+    or a repeated parameter.
+    """
+    values = request.GET.getlist(name)
+    if values and (len(values) > 1 or values[0] not in ("0", "1")):
+        raise ApiError(400, "invalid_request", f"{name} must be given once, as 0 or 1", field=name)
+    return values == ["1"]
 
 
 def _query_int(request: HttpRequest, name: str, maximum: int) -> int | None:

@@ -59,10 +59,27 @@ export function parseData(text) {
   }
 }
 
-/** The body of probe event `n`: its JSON is `PROBE_EVENT_BYTES` long (ASCII padding). */
+/**
+ * The body of probe event `n`: its JSON is `PROBE_EVENT_BYTES` long, padded with random
+ * letters and digits: the page's stream is gzipped (docs/protocol.md, "Compression"), and a
+ * run of one letter would shrink a thousandfold on the way, never filling the buffers.
+ */
 export function probeBody(n) {
   const skeleton = JSON.stringify({ type: PROBE_TYPE, data: { n, pad: "" } });
-  return JSON.stringify({ type: PROBE_TYPE, data: { n, pad: "x".repeat(PROBE_EVENT_BYTES - skeleton.length) } });
+  return JSON.stringify({ type: PROBE_TYPE, data: { n, pad: randomText(PROBE_EVENT_BYTES - skeleton.length) } });
+}
+
+const PAD_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/** `length` random letters and digits (about 6 bits each, so gzip keeps about 75 %). */
+function randomText(length) {
+  const bytes = new Uint8Array(Math.max(0, length));
+  for (let start = 0; start < bytes.length; start += 65536) {
+    crypto.getRandomValues(bytes.subarray(start, start + 65536)); // at most 64 KiB per call
+  }
+  let text = "";
+  for (const byte of bytes) text += PAD_ALPHABET[byte % PAD_ALPHABET.length];
+  return text;
 }
 
 /**

@@ -49,7 +49,7 @@ import { FrameLog, formatTime, setText } from "./frame_log.js";
 import { PausedReaderWatch } from "./paused_reader.js";
 import { PublishConsole } from "./publish_console.js";
 import { HttpError, TokenSource, fetchSnapshot } from "./session_requests.js";
-import { SnapshotSync } from "./session_snapshot.js";
+import { SnapshotSync, snapshotQuery } from "./session_snapshot.js";
 import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
@@ -117,7 +117,7 @@ class SessionPage {
     this.openStream("", null, { start: false });
     let snapshot = null;
     try {
-      snapshot = await this.loadSnapshot();
+      snapshot = await this.loadSnapshot(snapshotQuery());
     } catch (error) {
       if (error instanceof HttpError && [401, 403, 404].includes(error.status)) {
         this.stream.close(); // leaves the other tabs; this page streams nothing

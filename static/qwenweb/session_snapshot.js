@@ -11,6 +11,11 @@
  * missing. A resync asked for while one runs makes it load once more when it is done.
  * "Load earlier events" pages back with `?before=<first id shown>` and draws that page
  * above the transcript, unless a rebuild moved that first id meanwhile.
+ *
+ * Compacted history: the start, the resync and "Load earlier events" ask for the compacted
+ * snapshot (`compact=1`, docs/protocol.md "Compacted history"), unless the page's own URL
+ * says `?compact=0`; `expandEntry` turns a compacted entry back into what the transcript
+ * applies, and the frame log shows it as one row `a–b`. (Gap repair asks for raw pages.)
  */
 import { describeEvent, isObject, serverTime } from "./envelopes.js";
 import { h } from "./frame_log.js";
@@ -18,6 +23,31 @@ import { HttpError } from "./session_requests.js";
 import { Transcript } from "./transcript.js";
 
 const SNAPSHOT_ATTEMPTS = 3;
+
+/**
+ * The snapshot query for `params` (e.g. "before=120"): compacted unless the page was opened
+ * with `?compact=0`. Returns "" or "?…".
+ */
+export function snapshotQuery(params = "") {
+  const raw = new URLSearchParams(globalThis.location ? globalThis.location.search : "").get("compact") === "0";
+  const query = [params, raw ? "" : "compact=1"].filter(Boolean).join("&");
+  return query ? `?${query}` : "";
+}
+
+/**
+ * The envelopes that draw `entry` in the transcript: the entry itself, or for a compacted
+ * one (`{type: "compacted", firstId, lastId, event, data}`) its merged event with the last
+ * id, after an empty chunk with the first id when it is a message (so the message block
+ * names the same id range as the events would).
+ */
+export function expandEntry(entry) {
+  if (entry.type !== "compacted") return [entry];
+  const merged = { id: entry.lastId, v: 1, type: entry.event, data: entry.data, _meta: entry._meta };
+  const data = isObject(entry.data) ? entry.data : {};
+  if (!isObject(data.content) || entry.firstId === entry.lastId) return [merged];
+  const opening = { ...merged, id: entry.firstId, data: { ...data, content: { ...data.content, text: "" } } };
+  return [opening, merged];
+}
 
 /**
  * The snapshot side of the session page's view.
@@ -76,8 +106,17 @@ export class SnapshotSync {
     let count = 0;
     for (const envelope of snapshot.events) {
       if (!isObject(envelope)) continue;
-      transcript.apply(envelope);
-      if (envelope.id === undefined || envelope.id === null) {
+      for (const part of expandEntry(envelope)) transcript.apply(part);
+      if (envelope.type === "compacted") {
+        count += Number.isSafeInteger(envelope.count) ? envelope.count : 1;
+        log.add({
+          id: `${envelope.firstId}–${envelope.lastId}`,
+          type: String(envelope.event),
+          timeMs: serverTime(envelope),
+          source: "snapshot",
+          note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
+        });
+      } else if (envelope.id === undefined || envelope.id === null) {
         const data = isObject(envelope.data) ? envelope.data : {};
         log.add({
           kind: "synthetic",
@@ -116,7 +155,7 @@ export class SnapshotSync {
         failure = null;
         for (let attempt = 1; attempt <= SNAPSHOT_ATTEMPTS; attempt += 1) {
           try {
-            this.rebuild(await this.page.load(""));
+            this.rebuild(await this.page.load(snapshotQuery()));
             break;
           } catch (error) {
             failure = error;
@@ -155,7 +194,7 @@ export class SnapshotSync {
     this.earlier.disabled = true;
     let olderPage;
     try {
-      olderPage = await this.page.load(`?before=${before}`);
+      olderPage = await this.page.load(snapshotQuery(`before=${before}`));
     } catch (error) {
       this.page.notify(`Could not load earlier events: ${error.message}`, "error");
       this.earlier.disabled = false;
@@ -164,18 +203,26 @@ export class SnapshotSync {
     if (this.olderBefore !== before) return; // a resync rebuilt the view meanwhile
     const holder = document.createElement("div");
     const older = new Transcript(holder, document.createElement("span"));
-    for (const envelope of olderPage.events) if (isObject(envelope)) older.apply(envelope);
+    for (const envelope of olderPage.events) {
+      if (isObject(envelope)) for (const part of expandEntry(envelope)) older.apply(part);
+    }
     const { transcript } = this.page;
     const root = transcript.root;
     const placeholder = transcript.placeholder;
     if (placeholder && placeholder.isConnected && holder.childNodes.length > 0) placeholder.remove();
     root.prepend(...holder.childNodes);
-    const ids = olderPage.events.filter((e) => isObject(e) && Number.isSafeInteger(e.id)).map((e) => e.id);
+    const ids = olderPage.events
+      .filter((e) => isObject(e) && (Number.isSafeInteger(e.id) || e.type === "compacted"))
+      .flatMap((e) => (e.type === "compacted" ? [e.firstId, e.lastId] : [e.id]));
+    const drawn = olderPage.events.reduce(
+      (sum, e) => sum + (isObject(e) && e.type === "compacted" ? e.count : isObject(e) && Number.isSafeInteger(e.id) ? 1 : 0),
+      0,
+    );
     this.page.log.add({
       kind: "local",
       type: "earlier events",
       timeMs: Date.now(),
-      note: ids.length ? `${ids.length} earlier events drawn above (#${ids[0]}–#${ids.at(-1)})` : "no earlier events",
+      note: ids.length ? `${drawn} earlier events drawn above (#${ids[0]}–#${ids.at(-1)})` : "no earlier events",
     });
     this.setOlder({ ...olderPage, hasOlder: olderPage.hasOlder && ids.length > 0 });
   }

@@ -356,9 +356,14 @@ class SessionPage:
         expect(self.badge).to_have_attribute("data-state", state, timeout=timeout_ms)
 
     def log_ids(self) -> list[int]:
-        """The ids of the event rows of the frame log, top to bottom."""
+        """The ids of the event rows of the frame log, top to bottom; a compacted row
+        ``a–b`` (docs/protocol.md, "Compacted history") stands for every id from a to b."""
         ids: list[int] = self.page.eval_on_selector_all(
-            "#frame-log tbody tr[data-id]", "rows => rows.map(r => Number(r.dataset.id))"
+            "#frame-log tbody tr[data-id]",
+            """rows => rows.flatMap(r => {
+                const [a, b] = r.dataset.id.split("–").map(Number);
+                return b === undefined ? [a] : Array.from({length: b - a + 1}, (_, i) => a + i);
+            })""",
         )
         return ids
 
@@ -370,9 +375,10 @@ class SessionPage:
         return types
 
     def wait_for_id(self, event_id: int, timeout_ms: int = WAIT_MS) -> None:
-        """Wait until the frame log's last event row has ``event_id``."""
+        """Wait until the frame log's last event row has ``event_id`` (alone, or as the end
+        of a compacted row ``a–b``)."""
         expect(self.page.locator("#frame-log tbody tr[data-id]").last).to_have_attribute(
-            "data-id", str(event_id), timeout=timeout_ms
+            "data-id", re.compile(rf"^(\d+–)?{event_id}$"), timeout=timeout_ms
         )
 
     def wait_for_row(self, event_id: int, timeout_ms: int = WAIT_MS) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ ALSO_REFUSED = {"empty-table-header", "landmark-unique"}
 """axe rules of lower impact that the pages must pass too: every column header has a name,
 every region a label of its own."""
 PHONE: ViewportSize = {"width": 390, "height": 844}
-BLOB = "x" * 64 * 1024
+BLOB_BYTES = 64 * 1024
 USER_ASKS = {
     "sessionUpdate": "user_message_chunk",
     "content": {"type": "text", "text": "Summarise the design of the event bus, please."},
@@ -216,7 +217,10 @@ def evict_paused_reader(view: SessionPage) -> int:
     published = 0
     while session.subscriber_count() > 0 and published < PUBLISH_CAP:
         for n in range(25):
-            session.publish("note", {"n": published + n, "blob": BLOB})
+            # Random text: the stream is gzipped (EB-17); a run of one letter would not fill
+            # the socket's buffers.
+            blob = secrets.token_urlsafe(BLOB_BYTES * 3 // 4)
+            session.publish("note", {"n": published + n, "blob": blob})
         published += 25
     assert session.subscriber_count() == 0, "the server never evicted the paused reader"
     return published

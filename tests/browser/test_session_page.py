@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable
 
 import pytest
@@ -338,10 +339,15 @@ def test_pause_reading_with_small_max_queued_warns_then_evicts_then_recovers_wit
     expect(page.locator("#paused-chip")).to_be_visible()
     # 16 frames of ~120 KB stay under the 2 MiB byte cap: maxQueued=16 is what trips (EB-3).
     # The kernel's socket buffers (here up to 32 MiB + 4 MiB) and Chromium's fill first.
-    blob = "x" * 120_000
+    # Random text, a new one per event: the page's stream is gzipped (EB-17), and a run of
+    # one letter would shrink a thousandfold before it reached the socket.
+    blob_chars = 120_000
     published = [first]
-    while session.subscriber_count() > 0 and len(published) * len(blob) < PAUSE_PUBLISH_CAP_BYTES:
-        published += [session.publish("note", {"n": n, "blob": blob}) for n in range(16)]
+    while session.subscriber_count() > 0 and len(published) * blob_chars < PAUSE_PUBLISH_CAP_BYTES:
+        published += [
+            session.publish("note", {"n": n, "blob": secrets.token_urlsafe(blob_chars * 3 // 4)})
+            for n in range(16)
+        ]
     assert session.subscriber_count() == 0, "the server never evicted the paused reader"
     page.click("#pause")  # resume: the backlog, the warning, then the eviction
     expect(page.locator("#last-evicted")).to_contain_text("queue_overflow", timeout=20_000)

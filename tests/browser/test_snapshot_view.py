@@ -36,7 +36,7 @@ def test_the_page_draws_the_newest_events_and_loads_earlier_ones_on_demand(
     expect(page.locator("#frame-log tbody tr[data-type='earlier events']")).to_have_count(1)
     assert view.agent_text() == "".join(texts[2:])
     loads = [r for r in view.traffic.requests[requests:] if r.path == f"/session/{session.id}"]
-    assert [r.query for r in loads] == ["before=8"]
+    assert [r.query for r in loads] == ["before=8&compact=1"]
     earlier.click()
     expect(earlier).to_be_hidden()
     assert view.agent_text() == "".join(texts)

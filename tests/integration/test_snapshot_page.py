@@ -126,3 +126,48 @@ async def test_a_closed_session_answers_the_same_shape_without_events(make_sessi
     assert body["events"] == []
     assert body["hasOlder"] is False
     assert body["firstEventId"] is None
+
+
+# -- ?compact=1 (docs/protocol.md, "Compacted history") -----------------------------------
+
+
+async def _tokens(sid: str, words: list[str]) -> None:
+    for word in words:
+        content = {"type": "text", "text": word}
+        data = {"sessionUpdate": "agent_message_chunk", "content": content}
+        assert (await publish(sid, {"type": "session_update", "data": data})).status == 200
+
+
+async def test_compact_merges_token_runs_and_keeps_the_page_head(make_session):
+    sid = await make_session()
+    await _tokens(sid, ["one ", "two "])
+    await publish(sid, {"type": "turn_complete", "data": {}})
+    await _tokens(sid, ["three ", "four ", "five"])
+    plain = await _page(sid, "limit=5")
+    body = await _page(sid, "limit=5&compact=1")
+    assert {k: v for k, v in body.items() if k != "events"} == {
+        k: v for k, v in plain.items() if k != "events"
+    }
+    entries = [(e["type"], e.get("id"), e.get("firstId"), e.get("lastId")) for e in body["events"]]
+    assert entries == [
+        ("session_update", 2, None, None),  # a run of one stays the event (limit cut its run)
+        ("turn_complete", 3, None, None),
+        ("compacted", None, 4, 6),
+    ]
+    assert body["events"][-1]["data"]["content"]["text"] == "three four five"
+
+
+async def test_compact_is_a_fraction_of_the_plain_answer_at_the_same_limit(make_session):
+    sid = await make_session()
+    await _tokens(sid, [f"w{n} " for n in range(200)])
+    plain = await _get(sid, "limit=200")
+    compact = await _get(sid, "limit=200&compact=1")
+    assert len(compact.body) <= 0.15 * len(plain.body)
+    [entry] = compact.json()["events"]
+    assert (entry["firstId"], entry["lastId"], entry["count"]) == (1, 200, 200)
+
+
+@pytest.mark.parametrize("query", ["compact=yes", "compact=1&compact=1", "compact="])
+async def test_bad_compact_is_400_naming_the_field(make_session, query):
+    sid = await make_session()
+    assert assert_error(await _get(sid, query), 400, "invalid_request")["field"] == "compact"

@@ -424,5 +424,6 @@ async def test_stream_headers_are_exactly_the_event_stream_set(make_session, str
         "content-type": "text/event-stream",
         "cache-control": "no-cache, no-transform",
         "x-accel-buffering": "no",
+        "vary": "accept-encoding",
         "x-event-epoch": (await load(sid)).json()["epoch"],
     }

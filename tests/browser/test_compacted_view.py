@@ -1,0 +1,94 @@
+"""The page on the compacted snapshot and the gzipped stream (issue 28): the same transcript
+as a raw load, one frame-log row ``a–b`` per compacted entry, a resume without gap or
+duplicate, and a live stream the page reads through ``fetch``'s own decompression."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import RemoteSession, SessionPage
+from tests.support.server import ServerProcess
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+TRANSCRIPT = "#transcript"
+
+
+def _turn(session: RemoteSession, words: list[str], call_id: str) -> list[int]:
+    ids = [
+        session.publish(
+            "session_update",
+            {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "read it"}},
+        )
+    ]
+    ids.append(
+        session.publish(
+            "session_update",
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": "Reading",
+                "kind": "read",
+                "status": "pending",
+            },
+        )
+    )
+    for status in ("in_progress", "completed"):
+        ids.append(
+            session.publish(
+                "session_update",
+                {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status},
+            )
+        )
+    ids += session.say(*words)
+    ids.append(session.publish("turn_complete", {"stopReason": "end_turn"}))
+    return ids  # fmt: skip
+
+
+def test_compacted_load_draws_the_raw_transcript_and_resumes_without_gap(
+    page: Page, server: ServerProcess
+) -> None:
+    session = RemoteSession.create(server.base_url, title="tokens")
+    published = _turn(session, [f"w{n} " for n in range(40)], "c1")
+    published += _turn(session, [f"v{n} " for n in range(30)], "c2")
+    view = SessionPage(page, session).open()
+    loads = [r for r in view.traffic.requests if r.path == f"/session/{session.id}"]
+    assert [r.query for r in loads] == ["compact=1"]
+    view.wait_for_id(published[-1])
+    rows = page.eval_on_selector_all(
+        "#frame-log tbody tr[data-id]", "rows => rows.map(r => r.cells[0].textContent)"
+    )
+    assert "5–44" in rows, rows  # the first turn's 40 chunks: one row
+    assert view.log_ids() == published
+    live = session.say("live ", "words")
+    view.wait_for_id(live[-1])
+    assert view.log_ids() == [*published, *live], "no gap, no duplicate after the snapshot"
+    compacted_text = page.locator(TRANSCRIPT).inner_text()
+    page.goto(f"{session.page_url}?compact=0")
+    view.expect_state("open")
+    view.wait_for_id(live[-1])
+    raw_loads = [r for r in view.traffic.requests if r.path == f"/session/{session.id}"]
+    assert raw_loads[-1].query == ""
+    assert page.locator(TRANSCRIPT).inner_text() == compacted_text
+
+
+def test_page_reads_the_gzipped_stream(page: Page, server: ServerProcess) -> None:
+    session = RemoteSession.create(server.base_url, title="gzip")
+    view = SessionPage(page, session).open()
+    streams = view.traffic.streams()
+    assert streams, "the page opened a stream"
+    words = [f"t{n} " for n in range(20)]
+    ids = session.say(*words)
+    view.wait_for_id(ids[-1])
+    expect(page.locator("#transcript .msg-agent .msg-text")).to_have_text("".join(words))
+    encoding = page.evaluate(
+        """async (url) => {
+            const r = await fetch(url, {headers: {Accept: "text/event-stream"}});
+            const e = r.headers.get("content-encoding");
+            await r.body.cancel();
+            return e;
+        }""",
+        f"/session/{session.id}/events",
+    )
+    assert encoding == "gzip"
