@@ -92,6 +92,9 @@ ENV_OVERRIDES: Final = {
     "MAX_USER_RING_SIZE": "QWENWEB_MAX_USER_RING_SIZE",
     "PUBLISH_RATE_PER_S": "QWENWEB_PUBLISH_RATE_PER_S",
     "PUBLISH_BYTES_PER_S": "QWENWEB_PUBLISH_BYTES_PER_S",
+    "PUBLISH_MAX_VALUES": "QWENWEB_PUBLISH_MAX_VALUES",
+    "PUBLISH_VALUES_PER_S": "QWENWEB_PUBLISH_VALUES_PER_S",
+    "PUBLISH_USER_VALUES_PER_S": "QWENWEB_PUBLISH_USER_VALUES_PER_S",
     "IDLE_UNLOAD_S": "QWENWEB_IDLE_UNLOAD_S",
     "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
@@ -136,6 +139,12 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "MAX_USER_RING_SIZE": 10_000,
     "PUBLISH_RATE_PER_S": 1000.0,
     "PUBLISH_BYTES_PER_S": 64 * _MIB,
+    # JSON values (issue 26): 2 MiB of "{}," is about 700,000 values, 40 ms of parsing
+    # that holds the GIL (the loop waits) and 60 ms of validation; an ordinary event holds
+    # a few dozen. 100,000 values parse in about 6 ms.
+    "PUBLISH_MAX_VALUES": 100_000,
+    "PUBLISH_VALUES_PER_S": 250_000.0,
+    "PUBLISH_USER_VALUES_PER_S": 500_000.0,
     "IDLE_UNLOAD_S": 0.0,  # off
     "SESSION_HOLD_TTL_S": 30.0,
     "SNAPSHOT_LIMIT": 500,
@@ -172,6 +181,9 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "MAX_USER_RING_SIZE": (int, 1, MAX_EVENT_RING_SIZE),
     "PUBLISH_RATE_PER_S": (float, 0.01, 1_000_000),
     "PUBLISH_BYTES_PER_S": (int, 1024, MAX_SAFE_INTEGER),
+    "PUBLISH_MAX_VALUES": (int, 1000, 100_000_000),
+    "PUBLISH_VALUES_PER_S": (float, 1, 1e12),
+    "PUBLISH_USER_VALUES_PER_S": (float, 1, 1e12),
     "IDLE_UNLOAD_S": (float, 0, 30 * 24 * 3600),
     "SESSION_HOLD_TTL_S": (float, 1, 3600),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
@@ -249,6 +261,11 @@ class QwenwebConfig:
     max_user_ring_size: int
     publish_rate_per_s: float
     publish_bytes_per_s: int
+    #: The most JSON values (their bound: sessions.web.offload.json_values_bound) of one
+    #: publish body, and those parsed per second, per session and per user.
+    publish_max_values: int
+    publish_values_per_s: float
+    publish_user_values_per_s: float
     #: Memory backend: unload a bus idle (no subscriber, no publish) this long; 0 = off.
     idle_unload_s: float
     #: Memory backend: how long a process's hold on a session lasts without renewal.
