@@ -77,6 +77,7 @@ ENV_OVERRIDES: Final = {
     "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": "QWENWEB_IDEMPOTENCY_MAX_KEYS_TOTAL",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
     "METRICS": "QWENWEB_METRICS",
     "METRICS_TOKEN": "QWENWEB_METRICS_TOKEN",
@@ -123,6 +124,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "RECORDS_RETENTION_DAYS": 30,
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
+    # Memory backend, every session of the process: about 400 B a key (docs/capacity.md).
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": 200_000,
     "CORS_ALLOWED_ORIGINS": (),
     "METRICS": True,
     "METRICS_TOKEN": "",
@@ -168,6 +171,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": (int, 1, 100_000_000),
     "METRICS_FLUSH_INTERVAL_S": (float, 0.01, 60),
     "DRAIN_S": (float, 0, 600),
     # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
@@ -230,6 +234,8 @@ class QwenwebConfig:
     records_retention_days: int
     idempotency_ttl_s: int
     idempotency_max_keys: int
+    #: Memory backend: the keys of every session of the process together.
+    idempotency_max_keys_total: int
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
