@@ -24,6 +24,7 @@ from django.urls import get_resolver, path, re_path  # noqa: E402
 
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.ops.probes import ProbeApplication  # noqa: E402
+from sessions.transport.body_deadline import BodyDeadline  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
 from sessions.transport.stream import SessionEventStream  # noqa: E402
 
@@ -50,8 +51,9 @@ router = ProtocolTypeRouter(
 )
 
 # HTTP/2 clients may split their cookies into several headers: join them first
-# (sessions.transport.cookies).
-application = JoinCookieHeaders(router)
+# (sessions.transport.cookies). A request body late past its bound is answered 408
+# (sessions.transport.body_deadline).
+application = JoinCookieHeaders(BodyDeadline(router))
 
 # What is loaded by now (Django, the URLconf and the views it imports) lives as long as
 # the process: freeze it out of the cyclic collector's reach. A full collection, which any

@@ -85,6 +85,8 @@ ENV_OVERRIDES: Final = {
     "METRICS_FLUSH_INTERVAL_S": "QWENWEB_METRICS_FLUSH_INTERVAL_S",
     "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "REQUEST_BODY_TIMEOUT_S": "QWENWEB_REQUEST_BODY_TIMEOUT_S",
+    "ANONYMOUS_BODY_TIMEOUT_S": "QWENWEB_ANONYMOUS_BODY_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
     "RING_MAX_AGE_S": "QWENWEB_RING_MAX_AGE_S",
@@ -133,6 +135,10 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "METRICS_FLUSH_INTERVAL_S": 1.0,
     "DRAIN_S": 10.0,
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    # A whole request body, from its headers (sessions.transport.body_deadline): 2 MiB
+    # takes 10 s at 1.7 Mbit/s; a request without a credential gets less.
+    "REQUEST_BODY_TIMEOUT_S": 10.0,
+    "ANONYMOUS_BODY_TIMEOUT_S": 5.0,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
     "RING_MAX_BYTES": DEFAULT_RING_MAX_BYTES,
@@ -176,6 +182,8 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "DRAIN_S": (float, 0, 600),
     # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    "REQUEST_BODY_TIMEOUT_S": (float, 0.1, 3600),
+    "ANONYMOUS_BODY_TIMEOUT_S": (float, 0.1, 3600),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
     "RING_MAX_BYTES": (int, 1024, MAX_SAFE_INTEGER),
@@ -254,6 +262,10 @@ class QwenwebConfig:
     #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
     #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
     request_header_timeout_s: float
+    #: A request body must arrive whole within this many seconds of its headers (408 and
+    #: closed past it); without a credential, within ``anonymous_body_timeout_s``.
+    request_body_timeout_s: float
+    anonymous_body_timeout_s: float
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
     #: A session's ring: bytes (of ``sessions.bus.held_bytes``) and age (s, 0 = off).
