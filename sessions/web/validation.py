@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any, Final
 
 import orjson
@@ -93,13 +94,30 @@ def parse_json(body: bytes, *, required: bool) -> Any:
         if required:
             raise ApiError(400, "invalid_json", "a JSON object body is required", field="")
         return {}
+    long_digits = _LONG_DIGITS.search(body) is not None
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", _json_problem(body, exc), field="") from None
-    if _LONG_DIGITS.search(body):
-        parsed = json.loads(body, parse_constant=_reject_constant)  # orjson validated it
+        # 309+ digits overflow orjson's double ("infinity"): json reads them exactly.
+        if not (long_digits and "infinity" in str(exc)):
+            raise ApiError(400, "invalid_json", _json_problem(body, exc), field="") from None
+    if long_digits:
+        try:
+            parsed = json.loads(body, parse_constant=_reject_constant)
+        except ValueError as exc:  # (json's own error is a ValueError too)
+            raise ApiError(400, "invalid_json", _long_number_problem(exc), field="") from None
     return parsed
+
+
+def _long_number_problem(exc: ValueError) -> str:
+    """Say why a body with long numbers is refused (Python's cap on an integer's digits,
+    ``sys.get_int_max_str_digits()``, or JSON that only orjson's overflow hid)."""
+    if "digits" in str(exc):
+        return (
+            "body is not valid JSON: an integer has more than "
+            f"{sys.get_int_max_str_digits()} digits"
+        )
+    return f"body is not valid JSON: {exc}"
 
 
 def parse_json_body(request: HttpRequest, *, required: bool) -> Any:
