@@ -86,6 +86,8 @@ ENV_OVERRIDES: Final = {
     "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "REQUEST_BODY_TIMEOUT_S": "QWENWEB_REQUEST_BODY_TIMEOUT_S",
+    "LOGIN_MAX_FAILURES": "QWENWEB_LOGIN_MAX_FAILURES",
+    "LOGIN_LOCKOUT_S": "QWENWEB_LOGIN_LOCKOUT_S",
     "ANONYMOUS_BODY_TIMEOUT_S": "QWENWEB_ANONYMOUS_BODY_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
@@ -139,6 +141,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     # takes 10 s at 1.7 Mbit/s; a request without a credential gets less.
     "REQUEST_BODY_TIMEOUT_S": 10.0,
     "ANONYMOUS_BODY_TIMEOUT_S": 5.0,
+    # Failed logins per username and per address before a lockout (sessions.login_throttle).
+    "LOGIN_MAX_FAILURES": 10,
+    "LOGIN_LOCKOUT_S": 900,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
     "RING_MAX_BYTES": DEFAULT_RING_MAX_BYTES,
@@ -184,6 +189,8 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
     "REQUEST_BODY_TIMEOUT_S": (float, 0.1, 3600),
     "ANONYMOUS_BODY_TIMEOUT_S": (float, 0.1, 3600),
+    "LOGIN_MAX_FAILURES": (int, 1, 1_000_000),
+    "LOGIN_LOCKOUT_S": (int, 1, 7 * 24 * 3600),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
     "RING_MAX_BYTES": (int, 1024, MAX_SAFE_INTEGER),
@@ -266,6 +273,10 @@ class QwenwebConfig:
     #: closed past it); without a credential, within ``anonymous_body_timeout_s``.
     request_body_timeout_s: float
     anonymous_body_timeout_s: float
+    #: Failed logins of one username or from one address within ``login_lockout_s``
+    #: seconds that lock them out for the rest of that time.
+    login_max_failures: int
+    login_lockout_s: int
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
     #: A session's ring: bytes (of ``sessions.bus.held_bytes``) and age (s, 0 = off).
