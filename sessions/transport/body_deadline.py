@@ -11,12 +11,18 @@ went away (``http.disconnect``: Django drops the request unanswered) and the cli
 408 ``body_timeout`` with ``Connection: close``; the server then closes the connection.
 Requests without a body (the streams) pass untouched.
 
+A body that ends before it is complete (granian's ``receive`` answers
+``http.disconnect`` for one it cannot decode, e.g. an invalid chunk-size line, and then
+answered the request it left unanswered with its own plain-text 500) is answered 400
+``invalid_request`` the same way; when the client did go away, nobody reads it.
+
 Concurrency: one wrapper per request, on the server's event loop; no state is shared.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -77,10 +83,10 @@ class BodyDeadline:
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + bound_s
-        complete = timed_out = started = False
+        complete = timed_out = started = cut_short = False
 
         async def timed_receive() -> Message:
-            nonlocal complete, timed_out
+            nonlocal complete, timed_out, cut_short
             if complete or timed_out:
                 return await receive() if complete else {"type": "http.disconnect"}
             try:
@@ -89,7 +95,10 @@ class BodyDeadline:
             except TimeoutError:
                 timed_out = True
                 return {"type": "http.disconnect"}
-            if message["type"] != "http.request" or not message.get("more_body", False):
+            if message["type"] != "http.request":
+                cut_short = True  # (a disconnect, or a body the server could not decode)
+                complete = True
+            elif not message.get("more_body", False):
                 complete = True
             return message
 
@@ -101,31 +110,45 @@ class BodyDeadline:
             await send(message)
 
         await self.app(scope, timed_receive, tracked_send)
-        if timed_out and not started:
-            await _answer_408(scope, send, bound_s)
+        if started:
+            return
+        if timed_out:
+            error = ApiError(
+                408,
+                "body_timeout",
+                f"the request body did not arrive within {bound_s:g} s",
+                limit=bound_s,
+                log_extra=f" bound_s={bound_s:g}",
+            )
+            await _answer(scope, send, error)
+        elif cut_short:
+            error = ApiError(
+                400,
+                "invalid_request",
+                "the request body ended early or could not be decoded (e.g. an invalid chunk size)",
+            )
+            with contextlib.suppress(Exception):  # (the client may indeed be gone)
+                await _answer(scope, send, error)
 
 
-async def _answer_408(scope: Scope, send: Any, bound_s: float) -> None:
-    error = ApiError(
-        408,
-        "body_timeout",
-        f"the request body did not arrive within {bound_s:g} s",
-        limit=bound_s,
-    )
-    hooks.request_rejected(408, error.code)
+async def _answer(scope: Scope, send: Any, error: ApiError) -> None:
+    """Send ``error`` with ``Connection: close`` (the body's rest is never read)."""
+    hooks.request_rejected(error.status, error.code)
     logger.warning(
-        "api_rejected method=%s path=%s status=408 code=body_timeout bound_s=%g",
+        "api_rejected method=%s path=%s status=%d code=%s%s",
         scope.get("method"),
         sanitize_for_log(scope.get("path", ""), 120),
-        bound_s,
+        error.status,
+        error.code,
+        error.log_extra,
     )
     body = error.body()
     await send(
         {
             "type": "http.response.start",
-            "status": 408,
+            "status": error.status,
             "headers": [
-                *error_headers(408),
+                *error_headers(error.status),
                 (b"connection", b"close"),
                 (b"content-length", str(len(body)).encode()),
             ],

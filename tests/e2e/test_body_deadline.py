@@ -94,3 +94,23 @@ def test_600_slow_bodies_are_answered_408_and_closed_within_their_bound(
     assert late == []
     assert served >= 1
     assert "code=body_timeout" in granian.log()
+
+
+def test_an_invalid_chunk_size_line_is_400_not_a_500(granian: ServerProcess) -> None:
+    # granian hands the application http.disconnect for it, and answered a request left
+    # unanswered with its own plain-text 500.
+    async def send_bad_chunk() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", granian.port)
+        writer.write(
+            b"POST /session HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+        )
+        try:
+            async with asyncio.timeout(10):
+                return await reader.read()
+        finally:
+            writer.close()
+
+    answer = asyncio.run(send_bad_chunk())
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert b'"code":"invalid_request"' in answer
