@@ -29,6 +29,9 @@ from tests.support.server import (
 ANONYMOUS_S, CREDENTIAL_S = 1.0, 2.0
 
 
+pytestmark = [pytest.mark.e2e]
+
+
 @pytest.fixture(scope="module")
 def granian(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory

@@ -41,6 +41,9 @@ _HUGE = b'{"type":"note","data":[' + b",".join([b"{}"] * ((2 * 1024 * 1024 - 40)
 _WORST = b'{"type":"note","data":[' + b",".join([b"{}"] * 49_998) + b"]}"
 
 
+pytestmark = [pytest.mark.e2e]
+
+
 @pytest.fixture(scope="module")
 def granian(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
