@@ -235,6 +235,25 @@ def _check_workers(workers: int) -> None:
         )
 
 
+def share_ring_budget(workers: int) -> int:
+    """Give each of ``workers`` worker processes its share of ``MAX_RING_BYTES_TOTAL``
+    (the budget of the whole server, at least 1 MiB each) and return it.
+
+    Sets ``QWENWEB_MAX_RING_BYTES_TOTAL`` in this process's environment, which the workers
+    inherit, so ``--workers N`` no longer multiplies the budget by N
+    (docs/protocol.md, "Ring limits"). Nothing changes for one worker.
+    """
+    from sessions.conf import ENV_OVERRIDES, get_config
+
+    config = get_config()
+    if workers <= 1:
+        return config.max_ring_bytes_total
+    share = max(1024 * 1024, config.max_ring_bytes_total // workers)
+    os.environ[ENV_OVERRIDES["MAX_RING_BYTES_TOTAL"]] = str(share)
+    get_config.cache_clear()
+    return share
+
+
 def static_mount() -> StaticMount | None:
     """Where granian serves the static files from: ``STATIC_ROOT`` at ``STATIC_URL``,
     with DEBUG off only (with DEBUG on, Django serves them from the app folders).
@@ -292,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     check_configuration()
     clean_metrics_directory()
     _check_workers(options.workers)
+    share_ring_budget(options.workers)
     from qwenweb.granian_server import granian_options, serve
     from sessions.conf import get_config
 

@@ -61,6 +61,12 @@ INSTALLED_APPS = [
     "django_eventstream",
 ]
 
+# Failed logins lock a username and an address out for a while (sessions.login_throttle).
+AUTHENTICATION_BACKENDS = [
+    "sessions.login_throttle.ThrottledModelBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -48,3 +48,9 @@ class SessionsConfig(AppConfig):
             dashboard.session_saved, sender=AgentSession, dispatch_uid="qwenweb-dashboard-created"
         )
         token_revocation.connect_signals()
+        from django.contrib.auth.signals import user_logged_in, user_login_failed
+
+        from sessions import login_throttle
+
+        user_login_failed.connect(login_throttle.count_failure, dispatch_uid="qwenweb-login")
+        user_logged_in.connect(login_throttle.clear_failures, dispatch_uid="qwenweb-login")

@@ -77,6 +77,7 @@ ENV_OVERRIDES: Final = {
     "RECORDS_RETENTION_DAYS": "QWENWEB_RECORDS_RETENTION_DAYS",
     "IDEMPOTENCY_TTL_S": "QWENWEB_IDEMPOTENCY_TTL_S",
     "IDEMPOTENCY_MAX_KEYS": "QWENWEB_IDEMPOTENCY_MAX_KEYS",
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": "QWENWEB_IDEMPOTENCY_MAX_KEYS_TOTAL",
     "CORS_ALLOWED_ORIGINS": "QWENWEB_CORS_ALLOWED_ORIGINS",
     "METRICS": "QWENWEB_METRICS",
     "METRICS_TOKEN": "QWENWEB_METRICS_TOKEN",
@@ -84,6 +85,10 @@ ENV_OVERRIDES: Final = {
     "METRICS_FLUSH_INTERVAL_S": "QWENWEB_METRICS_FLUSH_INTERVAL_S",
     "DRAIN_S": "QWENWEB_DRAIN_S",
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
+    "REQUEST_BODY_TIMEOUT_S": "QWENWEB_REQUEST_BODY_TIMEOUT_S",
+    "LOGIN_MAX_FAILURES": "QWENWEB_LOGIN_MAX_FAILURES",
+    "LOGIN_LOCKOUT_S": "QWENWEB_LOGIN_LOCKOUT_S",
+    "ANONYMOUS_BODY_TIMEOUT_S": "QWENWEB_ANONYMOUS_BODY_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
     "RING_MAX_BYTES": "QWENWEB_RING_MAX_BYTES",
     "RING_MAX_AGE_S": "QWENWEB_RING_MAX_AGE_S",
@@ -92,6 +97,9 @@ ENV_OVERRIDES: Final = {
     "MAX_USER_RING_SIZE": "QWENWEB_MAX_USER_RING_SIZE",
     "PUBLISH_RATE_PER_S": "QWENWEB_PUBLISH_RATE_PER_S",
     "PUBLISH_BYTES_PER_S": "QWENWEB_PUBLISH_BYTES_PER_S",
+    "PUBLISH_MAX_VALUES": "QWENWEB_PUBLISH_MAX_VALUES",
+    "PUBLISH_VALUES_PER_S": "QWENWEB_PUBLISH_VALUES_PER_S",
+    "PUBLISH_USER_VALUES_PER_S": "QWENWEB_PUBLISH_USER_VALUES_PER_S",
     "IDLE_UNLOAD_S": "QWENWEB_IDLE_UNLOAD_S",
     "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
@@ -121,6 +129,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "RECORDS_RETENTION_DAYS": 30,
     "IDEMPOTENCY_TTL_S": 900,
     "IDEMPOTENCY_MAX_KEYS": 10_000,
+    # Memory backend, every session of the process: about 400 B a key (docs/capacity.md).
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": 200_000,
     "CORS_ALLOWED_ORIGINS": (),
     "METRICS": True,
     "METRICS_TOKEN": "",
@@ -128,6 +138,13 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "METRICS_FLUSH_INTERVAL_S": 1.0,
     "DRAIN_S": 10.0,
     "REQUEST_HEADER_TIMEOUT_S": 10.0,
+    # A whole request body, from its headers (sessions.transport.body_deadline): 2 MiB
+    # takes 10 s at 1.7 Mbit/s; a request without a credential gets less.
+    "REQUEST_BODY_TIMEOUT_S": 10.0,
+    "ANONYMOUS_BODY_TIMEOUT_S": 5.0,
+    # Failed logins per username and per address before a lockout (sessions.login_throttle).
+    "LOGIN_MAX_FAILURES": 10,
+    "LOGIN_LOCKOUT_S": 900,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
     "RING_MAX_BYTES": DEFAULT_RING_MAX_BYTES,
@@ -137,6 +154,12 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "MAX_USER_RING_SIZE": 10_000,
     "PUBLISH_RATE_PER_S": 1000.0,
     "PUBLISH_BYTES_PER_S": 64 * _MIB,
+    # JSON values (issue 26): 2 MiB of "{}," is about 700,000 values, 40 ms of parsing
+    # that holds the GIL (the loop waits) and 60 ms of validation; an ordinary event holds
+    # a few dozen. 100,000 values parse in about 6 ms.
+    "PUBLISH_MAX_VALUES": 100_000,
+    "PUBLISH_VALUES_PER_S": 250_000.0,
+    "PUBLISH_USER_VALUES_PER_S": 500_000.0,
     "IDLE_UNLOAD_S": 0.0,  # off
     "SESSION_HOLD_TTL_S": 30.0,
     "SNAPSHOT_LIMIT": 500,
@@ -162,10 +185,15 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
     "IDEMPOTENCY_TTL_S": (int, 1, 7 * 24 * 3600),
     "IDEMPOTENCY_MAX_KEYS": (int, 1, 1_000_000),
+    "IDEMPOTENCY_MAX_KEYS_TOTAL": (int, 1, 100_000_000),
     "METRICS_FLUSH_INTERVAL_S": (float, 0.01, 60),
     "DRAIN_S": (float, 0, 600),
     # granian's --http1-header-read-timeout takes 1 ms ... 60 s.
     "REQUEST_HEADER_TIMEOUT_S": (float, 0.001, 60),
+    "REQUEST_BODY_TIMEOUT_S": (float, 0.1, 3600),
+    "ANONYMOUS_BODY_TIMEOUT_S": (float, 0.1, 3600),
+    "LOGIN_MAX_FAILURES": (int, 1, 1_000_000),
+    "LOGIN_LOCKOUT_S": (int, 1, 7 * 24 * 3600),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
     "RING_MAX_BYTES": (int, 1024, MAX_SAFE_INTEGER),
@@ -175,6 +203,9 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "MAX_USER_RING_SIZE": (int, 1, MAX_EVENT_RING_SIZE),
     "PUBLISH_RATE_PER_S": (float, 0.01, 1_000_000),
     "PUBLISH_BYTES_PER_S": (int, 1024, MAX_SAFE_INTEGER),
+    "PUBLISH_MAX_VALUES": (int, 1000, 100_000_000),
+    "PUBLISH_VALUES_PER_S": (float, 1, 1e12),
+    "PUBLISH_USER_VALUES_PER_S": (float, 1, 1e12),
     "IDLE_UNLOAD_S": (float, 0, 30 * 24 * 3600),
     "SESSION_HOLD_TTL_S": (float, 1, 3600),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
@@ -221,6 +252,8 @@ class QwenwebConfig:
     records_retention_days: int
     idempotency_ttl_s: int
     idempotency_max_keys: int
+    #: Memory backend: the keys of every session of the process together.
+    idempotency_max_keys_total: int
     #: Browser origins allowed to call the bearer-token API and the stream (CORS); empty:
     #: same origin only.
     cors_allowed_origins: tuple[str, ...]
@@ -239,6 +272,14 @@ class QwenwebConfig:
     #: ``python -m qwenweb.serve`` (granian): a connection whose request headers are not
     #: complete within this many seconds is closed (HTTP/1.1; streams are not affected).
     request_header_timeout_s: float
+    #: A request body must arrive whole within this many seconds of its headers (408 and
+    #: closed past it); without a credential, within ``anonymous_body_timeout_s``.
+    request_body_timeout_s: float
+    anonymous_body_timeout_s: float
+    #: Failed logins of one username or from one address within ``login_lockout_s``
+    #: seconds that lock them out for the rest of that time.
+    login_max_failures: int
+    login_lockout_s: int
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int
     #: A session's ring: bytes (of ``sessions.bus.held_bytes``) and age (s, 0 = off).
@@ -252,6 +293,11 @@ class QwenwebConfig:
     max_user_ring_size: int
     publish_rate_per_s: float
     publish_bytes_per_s: int
+    #: The most JSON values (their bound: sessions.web.offload.json_values_bound) of one
+    #: publish body, and those parsed per second, per session and per user.
+    publish_max_values: int
+    publish_values_per_s: float
+    publish_user_values_per_s: float
     #: Memory backend: unload a bus idle (no subscriber, no publish) this long; 0 = off.
     idle_unload_s: float
     #: Memory backend: how long a process's hold on a session lasts without renewal.

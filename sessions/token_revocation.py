@@ -26,7 +26,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 
 from sessions import token_versions
 from sessions.backends import get_backend
@@ -42,16 +42,22 @@ def _announce(revocation: Revocation) -> None:
     get_backend().revoke_blocking(revocation)
 
 
-def revoke_user_tokens(user_id: int, *, inactive: bool = False, exists: bool = True) -> int | None:
+def revoke_user_tokens(
+    user_id: int, *, inactive: bool = False, exists: bool = True, demoted: bool = False
+) -> int | None:
     """Revoke every token of the user issued so far; return the new version.
 
     ``inactive``: the user can no longer log in (deactivated, deleted): their login
-    streams end too. ``exists`` False (the user was deleted): no version is written
-    (the user's tokens fail their check already) and None is returned. The announcement
+    streams end too. ``demoted``: the user lost staff rights: their login streams on
+    other users' sessions end too (those rights opened them). ``exists`` False (the user
+    was deleted): no version is written (the user's tokens fail their check already) and
+    None is returned. The announcement
     happens after the transaction commits. Raises ``django.db.DatabaseError``.
     """
     version = token_versions.bump_user_version(user_id) if exists else None
-    revocation = Revocation(user_id=user_id, user_version=version, user_inactive=inactive)
+    revocation = Revocation(
+        user_id=user_id, user_version=version, user_inactive=inactive, user_demoted=demoted
+    )
     transaction.on_commit(lambda: _announce(revocation))
     logger.info(
         "tokens_revoked user=%d version=%s inactive=%s", user_id, version, inactive or not exists
@@ -71,9 +77,23 @@ def revoke_session_tokens(session_id: str) -> int | None:
     return version
 
 
+def _user_saving(sender: Any, instance: Any, update_fields: Any = None, **kwargs: Any) -> None:
+    # What the row says before the save: a change of rights is told apart from a save
+    # (a save of other fields, e.g. login's last_login, costs no query).
+    if update_fields is not None and "is_staff" not in update_fields:
+        return
+    if instance.pk is not None and instance.is_active and not instance.is_staff:
+        instance._qwenweb_was_staff = sender.objects.filter(pk=instance.pk, is_staff=True).exists()
+
+
 def _user_saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
-    if not created and not instance.is_active:
+    if created:
+        return
+    if not instance.is_active:
         revoke_user_tokens(instance.pk, inactive=True)
+    elif getattr(instance, "_qwenweb_was_staff", False):
+        instance._qwenweb_was_staff = False
+        revoke_user_tokens(instance.pk, demoted=True)
 
 
 def _user_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -81,7 +101,9 @@ def _user_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 
 def connect_signals() -> None:
-    """Revoke a user's tokens when the user is saved inactive or deleted (idempotent)."""
+    """Revoke a user's tokens when the user is saved inactive, loses staff rights, or is
+    deleted (idempotent)."""
     user_model = get_user_model()
+    pre_save.connect(_user_saving, sender=user_model, dispatch_uid="qwenweb-rights-before")
     post_save.connect(_user_saved, sender=user_model, dispatch_uid="qwenweb-revoke-inactive")
     post_delete.connect(_user_deleted, sender=user_model, dispatch_uid="qwenweb-revoke-deleted")

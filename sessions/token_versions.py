@@ -55,11 +55,13 @@ _QUERY_CHUNK: Final = 500
 
 @dataclass(frozen=True, slots=True)
 class UserState:
-    """A user as token checks see it: ``active`` (False also when the user is gone) and
-    the token ``version``."""
+    """A user as token checks see it: ``active`` (False also when the user is gone), the
+    token ``version``, and ``staff`` (the rights a login stream on another user's session
+    was opened with)."""
 
     active: bool
     version: int
+    staff: bool = False
 
 
 _GONE: Final = UserState(False, 0)
@@ -97,10 +99,10 @@ def read_users_sync(user_ids: Iterable[int]) -> dict[int, UserState]:
         rows = (
             get_user_model()
             .objects.filter(pk__in=wanted[start : start + _QUERY_CHUNK])
-            .values_list("pk", "is_active", "qwenweb_token_version__version")
+            .values_list("pk", "is_active", "qwenweb_token_version__version", "is_staff")
         )
-        for pk, active, version in rows:
-            found[int(pk)] = UserState(bool(active), int(version or 0))
+        for pk, active, version, staff in rows:
+            found[int(pk)] = UserState(bool(active), int(version or 0), bool(staff))
     return found
 
 

@@ -48,7 +48,7 @@ from sessions.backends.idempotency import (
     IdempotencyKeyReusedError,
     IdempotencyStore,
 )
-from sessions.backends.rates import ByteRates, TokenBucket
+from sessions.backends.rates import ByteRates, TokenBucket, ValuesQuota
 from sessions.backends.revoked_streams import Revocation, RevocationSweep, revoked_frame
 from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
@@ -210,6 +210,10 @@ class Backend(ABC):
         self.ring_budget = RingBudget(config.max_ring_bytes_total)
         self._background: set[asyncio.Task[Any]] = set()
         self.revocation_sweep = RevocationSweep(self._all_subscriptions, self._end_subscription)
+        #: The JSON values publishers may make this process parse (charged before parsing).
+        self.values_quota = ValuesQuota(
+            config.publish_values_per_s, config.publish_user_values_per_s, PUBLISH_BURST_S
+        )
 
     def takes_publishes(self) -> bool:
         """False while this process drains (``process_state.draining``) and its events live only

@@ -50,6 +50,22 @@ class SessionHeldElsewhereError(BackendUnavailableError):
         )
 
 
+class PublishOutcomeUnknownError(BackendUnavailableError):
+    """Raised when a publish may or may not have been stored: the shared store timed out
+    or the connection was lost after the command was sent (a 503 ``outcome_unknown``).
+
+    The publisher retries with the same ``Idempotency-Key``: the retry answers the first
+    result if the event was stored, and publishes it once if not.
+    """
+
+    code = "outcome_unknown"
+    public_message = (
+        "outcome unknown: the event store did not answer in time and may have stored the "
+        "event; retry with the same Idempotency-Key (without one, a retry may publish it "
+        "twice)"
+    )
+
+
 class QuotaExceededError(Exception):
     """Raised when a request passes a quota (a 429 with ``Retry-After``).
 

@@ -6,7 +6,10 @@ backend remembers ``key -> (id, epoch, digest)``; a repeat within ``IDEMPOTENCY_
 answers that first result and publishes nothing, and a repeat whose request differs
 (another ``digest``) is refused (:class:`IdempotencyKeyReusedError`, a 422). At most
 ``IDEMPOTENCY_MAX_KEYS`` keys are kept per session, the oldest dropped first
-(docs/protocol.md, "Idempotent publish").
+(docs/protocol.md, "Idempotent publish"), and at most ``IDEMPOTENCY_MAX_KEYS_TOTAL`` in
+the process (:class:`KeyBudget`: past it, a store that remembers a key drops its own
+oldest, so one publisher's keys never push out another's); keys expire as new ones are
+written and, process-wide, at most once a second when the budget is full.
 
 Where the keys live is the backend's business: the memory backend keeps an
 :class:`IdempotencyStore` with each live session (lost when the process restarts); the
@@ -20,7 +23,9 @@ Concurrency: a store belongs to the server's event loop like the bus it sits bes
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,10 +38,13 @@ __all__ = [
     "IdempotencyKey",
     "IdempotencyKeyReusedError",
     "IdempotencyStore",
+    "KeyBudget",
     "Remembered",
     "is_valid_key",
     "request_digest",
 ]
+
+logger = logging.getLogger("qwenweb.idempotency")
 
 MAX_KEY_LENGTH: Final = 128
 """The longest ``Idempotency-Key`` accepted (characters, printable ASCII)."""
@@ -86,6 +94,51 @@ class IdempotencyKeyReusedError(Exception):
     """Raised when a key comes back with another request than its first (a 422)."""
 
 
+class KeyBudget:
+    """The idempotency keys of every store of a process together (memory backend).
+
+    Args:
+        max_keys: the most keys all stores may hold together (``IDEMPOTENCY_MAX_KEYS_TOTAL``).
+        clock: monotonic seconds (tests pass their own).
+
+    ``count`` is kept by the stores (each insert and drop). When it passes ``max_keys``,
+    :meth:`sweep` expires every store's old keys (at most once a second); a store still
+    over budget after that drops its own oldest keys (one ``idempotency_budget_full`` log
+    line per second at most). Never awaits.
+    """
+
+    __slots__ = ("_clock", "_logged_at", "_stores", "_swept_at", "count", "max_keys")
+
+    def __init__(self, max_keys: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_keys = max_keys
+        self.count = 0
+        self._clock = clock
+        self._stores: weakref.WeakSet[IdempotencyStore] = weakref.WeakSet()
+        self._swept_at = self._logged_at = float("-inf")
+
+    def over(self) -> bool:
+        """Whether the stores hold more keys than ``max_keys``."""
+        return self.count > self.max_keys
+
+    def sweep(self, now: float) -> None:
+        """Expire the old keys of every store, unless done less than a second ago."""
+        if now - self._swept_at < 1.0:
+            return
+        self._swept_at = now
+        for store in list(self._stores):
+            store.expire()
+
+    def log_full(self, now: float) -> None:
+        if now - self._logged_at >= 1.0:
+            self._logged_at = now
+            logger.warning(
+                "idempotency_budget_full keys=%d limit=%d (IDEMPOTENCY_MAX_KEYS_TOTAL): a "
+                "session's oldest keys are dropped first",
+                self.count,
+                self.max_keys,
+            )
+
+
 class IdempotencyStore:
     """The keys of one session's publishes: bounded in count and in time (memory backend).
 
@@ -93,15 +146,21 @@ class IdempotencyStore:
         max_keys: at most this many keys are kept; remembering one more drops the oldest.
         ttl_s: a key is forgotten this many seconds after its first request.
         clock: monotonic seconds (tests pass their own).
+        budget: the process's :class:`KeyBudget` these keys count in (None: none).
 
     Keys are kept in first-request order; every operation is O(1) amortized (expired keys
-    are dropped from the old end as they are met). Never awaits.
+    are dropped from the old end as they are met, on reads and writes). Never awaits.
     """
 
-    __slots__ = ("_clock", "_entries", "max_keys", "ttl_s")
+    __slots__ = ("__weakref__", "_budget", "_clock", "_entries", "max_keys", "ttl_s")
 
     def __init__(
-        self, max_keys: int, ttl_s: float, *, clock: Callable[[], float] = time.monotonic
+        self,
+        max_keys: int,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        budget: KeyBudget | None = None,
     ) -> None:
         if max_keys < 1 or ttl_s <= 0:
             raise ValueError(f"max_keys must be >= 1 and ttl_s > 0; got {max_keys}, {ttl_s}")
@@ -109,6 +168,14 @@ class IdempotencyStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, Remembered]] = OrderedDict()
+        self._budget = budget
+        if budget is not None:
+            budget._stores.add(self)
+
+    def __del__(self) -> None:
+        # A store dropped with its session (closed, unloaded) gives its keys back.
+        if self._budget is not None:
+            self._budget.count -= len(self._entries)
 
     def __len__(self) -> int:
         self._expire(self._clock())
@@ -131,17 +198,49 @@ class IdempotencyStore:
         return remembered
 
     def remember(self, idempotency: IdempotencyKey, event_id: int, epoch: str) -> None:
-        """Keep ``key -> (event_id, epoch, digest)``; drop the oldest keys beyond ``max_keys``."""
+        """Keep ``key -> (event_id, epoch, digest)``; drop expired keys, and the oldest
+        beyond ``max_keys`` or while the process's budget is passed (the new key stays)."""
         now = self._clock()
-        self._entries[idempotency.key] = (now, Remembered(event_id, epoch, idempotency.digest))
-        self._entries.move_to_end(idempotency.key)
-        while len(self._entries) > self.max_keys:
-            self._entries.popitem(last=False)
+        self._expire(now)
+        entries = self._entries
+        if idempotency.key not in entries:
+            self._count(1)
+        entries[idempotency.key] = (now, Remembered(event_id, epoch, idempotency.digest))
+        entries.move_to_end(idempotency.key)
+        while len(entries) > self.max_keys:
+            self._drop_oldest()
+        budget = self._budget
+        if budget is not None and budget.over():
+            budget.sweep(now)
+            if budget.over():
+                budget.log_full(now)
+            while budget.over() and len(entries) > 1:
+                self._drop_oldest()
+
+    def expire(self) -> None:
+        """Drop the keys older than ``ttl_s``."""
+        self._expire(self._clock())
+
+    def clear(self) -> None:
+        """Forget every key (idempotent)."""
+        self._count(-len(self._entries))
+        self._entries = OrderedDict()
+
+    def _count(self, delta: int) -> None:
+        if self._budget is not None:
+            self._budget.count += delta
+
+    def _drop_oldest(self) -> None:
+        self._entries.popitem(last=False)
+        self._count(-1)
 
     def _expire(self, now: float) -> None:
         entries = self._entries
+        if not entries:
+            return
         while entries:
             first_at = next(iter(entries.values()))[0]
             if now - first_at < self.ttl_s:
                 return
-            entries.popitem(last=False)
+            self._drop_oldest()
+        self._entries = OrderedDict()  # emptied: a dict keeps its table's size, a new one is small

@@ -8,10 +8,11 @@ use the Redis backend.
 
 Idempotency keys live with the live session (:class:`IdempotencyStore`, bounded by
 ``IDEMPOTENCY_MAX_KEYS`` and ``IDEMPOTENCY_TTL_S``); the check and the publish happen in
-one step on the loop, with no await between. A closed session's keys are kept for the
-last ``CLOSED_KEY_STORES`` closed sessions, so a retried close (or a publish retried
-after the close) still answers its first result. All of it is lost when the process
-restarts, like the ring.
+one step on the loop, with no await between; all stores count in the process's
+:class:`KeyBudget` (``IDEMPOTENCY_MAX_KEYS_TOTAL``). A closed session's keys are kept until
+they expire (``IDEMPOTENCY_TTL_S`` after the close at most), so a retried close (or a
+publish retried after the close) still answers its first result. All of it is lost when
+the process restarts, like the ring.
 
 One process per database: loading a session *holds* its row for this process
 (``host:pid:token``, renewed every ``SESSION_HOLD_TTL_S / 3``); another memory-backend
@@ -30,15 +31,15 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
-from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
+from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore, KeyBudget
 from sessions.bus import Frame
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
@@ -48,9 +49,6 @@ __all__ = ["MemoryBackend"]
 
 logger = logging.getLogger("qwenweb.backend")
 
-CLOSED_KEY_STORES: Final = 1000
-"""How many recently closed sessions keep their idempotency keys (the oldest go first)."""
-
 
 class MemoryBackend(Backend):
     """Sessions held in this process only (setting ``BACKEND = "memory"``)."""
@@ -59,7 +57,12 @@ class MemoryBackend(Backend):
 
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         super().__init__(config, hooks)
-        self._closed_keys: OrderedDict[str, IdempotencyStore] = OrderedDict()
+        #: Monotonic seconds of the idempotency keys (tests set their own before loading).
+        self.clock: Callable[[], float] = time.monotonic
+        #: Every idempotency key of this process (live and closed sessions).
+        self.key_budget = KeyBudget(config.idempotency_max_keys_total)
+        #: Closed sessions' keys, in closing order: ``session id -> (closed at, store)``.
+        self._closed_keys: OrderedDict[str, tuple[float, IdempotencyStore]] = OrderedDict()
         self._housekeeper: asyncio.Task[None] | None = None
 
     async def _load(self, session_id: str) -> LiveSession:
@@ -89,7 +92,12 @@ class MemoryBackend(Backend):
             reserved_until=reserved_until,
             created_at=row.created_at.isoformat(),
             ring_size=bus.ring_size,
-            idempotency=IdempotencyStore(config.idempotency_max_keys, config.idempotency_ttl_s),
+            idempotency=IdempotencyStore(
+                config.idempotency_max_keys,
+                config.idempotency_ttl_s,
+                clock=self.clock,
+                budget=self.key_budget,
+            ),
         )
 
     async def publish(
@@ -130,7 +138,9 @@ class MemoryBackend(Backend):
 
     async def recall(self, session_id: str, idempotency: IdempotencyKey) -> Published | None:
         live = self.registry.get(session_id)
-        store = live.idempotency if live is not None else self._closed_keys.get(session_id)
+        self._drop_expired_closed_keys()
+        closed = self._closed_keys.get(session_id)
+        store = live.idempotency if live is not None else closed[1] if closed else None
         remembered = store.recall(idempotency) if store is not None else None
         if remembered is None:
             return None
@@ -165,9 +175,8 @@ class MemoryBackend(Backend):
             return published
         live.bus.close()
         if live.idempotency is not None:
-            self._closed_keys[session_id] = live.idempotency
-            while len(self._closed_keys) > CLOSED_KEY_STORES:
-                self._closed_keys.popitem(last=False)
+            self._drop_expired_closed_keys()
+            self._closed_keys[session_id] = (self.clock(), live.idempotency)
         # The closed bus stays registered until the row says closed: a request arriving in
         # between must see "closed", not reload the still-open row and build a new bus.
         await self.save_progress(
@@ -178,6 +187,14 @@ class MemoryBackend(Backend):
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
         return published
+
+    def _drop_expired_closed_keys(self) -> None:
+        """Drop the stores of sessions closed ``IDEMPOTENCY_TTL_S`` ago or more: every key
+        they hold has expired (none is written after the close). O(1) amortized."""
+        closed, ttl_s = self._closed_keys, self.config.idempotency_ttl_s
+        now = self.clock()
+        while closed and now - next(iter(closed.values()))[0] >= ttl_s:
+            closed.popitem(last=False)[1][1].clear()
 
     # -- holds and idle unload ---------------------------------------------------------
 
@@ -191,6 +208,7 @@ class MemoryBackend(Backend):
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            self._drop_expired_closed_keys()
             try:
                 if config.idle_unload_s:
                     await self.unload_idle(now)

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from sessions.backends.errors import QuotaExceededError
 from sessions.bus import Subscription
 
-__all__ = ["RATE_WINDOW_S", "ByteRates", "TokenBucket"]
+__all__ = ["RATE_WINDOW_S", "ByteRates", "TokenBucket", "ValuesQuota"]
 
 RATE_WINDOW_S: Final = 1.0
 """Shortest time (seconds) between the two samples a rate is computed from."""
@@ -121,3 +122,72 @@ class TokenBucket:
         """Spend ``cost`` tokens (the balance may go below zero: a debt repaid first)."""
         self._refill()
         self._tokens -= cost
+
+
+class ValuesQuota:
+    """The JSON values a publisher may make the server parse: token buckets per session
+    (``PUBLISH_VALUES_PER_S``) and per user (``PUBLISH_USER_VALUES_PER_S``), each holding
+    ``burst_s`` seconds of its rate, in this process (docs/protocol.md, "Quotas").
+
+    Charged before a body is parsed with ``sessions.web.offload.json_values_bound``, so
+    the CPU a body costs is the publisher's. Each map keeps at most :attr:`max_keys`
+    buckets (those full again are dropped first: a full bucket is what a new one would
+    be). Never awaits; O(1) amortized.
+    """
+
+    max_keys: Final = 10_000
+
+    def __init__(
+        self,
+        session_rate: float,
+        user_rate: float,
+        burst_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limits = (
+            (session_rate, "PUBLISH_VALUES_PER_S", "session"),
+            (user_rate, "PUBLISH_USER_VALUES_PER_S", "user"),
+        )
+        self.burst_s = burst_s
+        self._clock = clock
+        self._buckets: tuple[dict[str, TokenBucket], dict[str, TokenBucket]] = ({}, {})
+
+    def charge(self, session_id: str, user: str, values: int) -> None:
+        """Spend ``values`` from the buckets of ``session_id`` and of ``user`` (the
+        publisher's user id, else its token's subject). One body above a burst passes
+        when both buckets are full and leaves them in debt.
+
+        Raises:
+            QuotaExceededError: a bucket has not enough; nothing is spent.
+        """
+        picked = []
+        for buckets, key, (rate, quota, per) in zip(
+            self._buckets, (session_id, user), self._limits, strict=True
+        ):
+            bucket = buckets.get(key)
+            if bucket is None:
+                if len(buckets) >= self.max_keys:
+                    _drop_full(buckets)
+                bucket = TokenBucket(rate, rate * self.burst_s, clock=self._clock)
+                buckets[key] = bucket
+            wait_s = bucket.wait_s(values)
+            if wait_s > 0:
+                retry = max(1, int(wait_s + 0.999))
+                raise QuotaExceededError(
+                    quota,
+                    rate,
+                    retry,
+                    f"publishing more JSON values than {quota} ({rate:g} values/s per {per}, "
+                    f"bursts of {self.burst_s:g} s); retry in {retry} s",
+                )
+            picked.append(bucket)
+        for bucket in picked:
+            bucket.take(values)
+
+
+def _drop_full(buckets: dict[str, TokenBucket]) -> None:
+    """Drop the buckets that are full again; if none is, the older half (bounded)."""
+    full = [key for key, bucket in buckets.items() if bucket.wait_s(bucket.burst) == 0]
+    for key in full or list(buckets)[: len(buckets) // 2]:
+        del buckets[key]

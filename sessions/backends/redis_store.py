@@ -50,7 +50,7 @@ import orjson
 import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
 
-from sessions.backends.errors import BackendUnavailableError
+from sessions.backends.errors import BackendUnavailableError, PublishOutcomeUnknownError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
@@ -351,8 +351,13 @@ class RedisStore:
             FRAME_OVERHEAD_BYTES,
             TRIM_BATCH,
         ]
-        with unavailable_as_error():
-            reply = await self._publish_script(keys=keys, args=args)
+        try:
+            with unavailable_as_error():
+                reply = await self._publish_script(keys=keys, args=args)
+        except BackendUnavailableError as exc:
+            if _may_have_run(exc.__cause__):
+                raise PublishOutcomeUnknownError(str(exc)) from exc.__cause__
+            raise
         status = _text(reply[0])
         if status == "ok":
             return PublishOutcome("ok", _text(reply[1]), int(reply[2]))
@@ -623,6 +628,14 @@ def unavailable_as_error() -> Any:
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
     except OSError as exc:
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def _may_have_run(cause: BaseException | None) -> bool:
+    """Whether a command that failed with ``cause`` may still have run in Redis: a reply
+    that did not come in time, or a connection lost once it was open (not one that could
+    not be opened: then nothing was sent). Never raises."""
+    lost = redis_errors.TimeoutError | TimeoutError | redis_errors.ConnectionError
+    return isinstance(cause, lost) and "connecting" not in str(cause)  # (redis-py's words)
 
 
 def _now_ms() -> int:

@@ -69,14 +69,22 @@ def stream_details(
     user_id: int | None,
     user_version: int | None,
     session_version: int | None,
+    via_staff: bool = False,
 ) -> dict[str, Any]:
-    """The credential part of a subscription's details (the transport adds who/where)."""
-    return {
+    """The credential part of a subscription's details (the transport adds who/where).
+
+    ``via_staff``: a login stream on a session the user does not own, which only the
+    user's staff rights allow; it ends when those rights go (the sweep, a demotion).
+    """
+    details = {
         "auth": auth,
         "userId": user_id,
         "userVersion": user_version,
         "sessionVersion": session_version,
     }
+    if via_staff:
+        details["viaStaff"] = True
+    return details
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +93,8 @@ class Revocation:
 
     ``user_id`` with ``user_version``: the user's tokens below that version; with
     ``user_inactive``: everything of the user (tokens and login streams: deactivated or
-    deleted). ``session_id`` with ``session_version``: the session's tokens below it.
+    deleted); with ``user_demoted``: also the user's login streams opened on staff rights
+    (``viaStaff``). ``session_id`` with ``session_version``: the session's tokens below it.
     """
 
     user_id: int | None = None
@@ -93,6 +102,7 @@ class Revocation:
     session_id: str | None = None
     session_version: int | None = None
     user_inactive: bool = False
+    user_demoted: bool = False
 
     def ends(self, session_id: str, details: Mapping[str, Any] | None) -> bool:
         """Whether a subscription of ``session_id`` with ``details`` must end. Never raises."""
@@ -100,7 +110,7 @@ class Revocation:
             return False
         uid = details.get("userId")
         if self.user_id is not None and uid == self.user_id:
-            if self.user_inactive:
+            if self.user_inactive or (self.user_demoted and details.get("viaStaff")):
                 return True
             version = details.get("userVersion")
             if (
@@ -133,7 +143,12 @@ class Revocation:
         if not (session_version is None or isinstance(session_version, int)):
             return None
         return cls(
-            user_id, user_version, session_id, session_version, bool(message.get("user_inactive"))
+            user_id,
+            user_version,
+            session_id,
+            session_version,
+            bool(message.get("user_inactive")),
+            bool(message.get("user_demoted")),
         )
 
 
@@ -202,8 +217,10 @@ class RevocationSweep:
         for session_id, subscription, details in watched:
             uid = details.get("userId")
             user = users.get(int(uid)) if uid is not None else None
-            if details["auth"] == "login":
-                stale = user is not None and not user.active
+            if details["auth"] == "login":  # gone, inactive, or no longer staff if it took that
+                stale = user is not None and (
+                    not user.active or (bool(details.get("viaStaff")) and not user.staff)
+                )
             else:
                 stale = token_versions.is_stale(
                     user_id=uid,

@@ -7,7 +7,9 @@ Overflow policy
     frames already queued are written in one ``send`` of at most ``MAX_BATCH_BYTES``. A
     ``send`` that takes no byte for the writer idle timeout raises
     :class:`WriterIdleTimeoutError` (the socket's buffers are full and the client takes
-    nothing, or the peer vanished).
+    nothing, or the peer vanished), unless the bus has evicted the subscriber: then the
+    frames still queued, ending with ``client_evicted``, get a bounded linger, so a
+    frozen reader that wakes up reads them and a clean end (B21).
 """
 
 from __future__ import annotations
@@ -40,15 +42,58 @@ class WriterIdleTimeoutError(Exception):
         self.idle_s = idle_s
 
 
-async def _send_within(send: Send, message: Message, idle_s: float | None) -> None:
+class _Linger:
+    """How long a subscriber the bus evicted may still take its last frames (B21)."""
+
+    __slots__ = ("linger_s", "until")
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.until: float | None = None  # loop time; set when first needed
+
+
+async def _send_within(
+    send: Send,
+    message: Message,
+    idle_s: float | None,
+    subscription: Subscription,
+    linger: _Linger,
+) -> None:
+    """``await send(message)``, cancelled after ``idle_s`` without it returning, except
+    for a subscriber already evicted: its ``send`` may wait ``linger.linger_s`` more in
+    all (from when the idle bound first passed), so that a reader that was frozen while
+    it was evicted still reads its last frames (``slow_client_warning``,
+    ``client_evicted``) and the clean end of the body, rather than a reset (B21)."""
     if idle_s is None:
         await send(message)
         return
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+    handle: asyncio.TimerHandle
+
+    def expire() -> None:
+        nonlocal fired, handle
+        if subscription.evicted:
+            now = loop.time()
+            if linger.until is None:
+                linger.until = now + linger.linger_s
+            if now < linger.until:
+                handle = loop.call_at(linger.until, expire)
+                return
+        fired = True
+        task.cancel()
+
+    handle = loop.call_later(idle_s, expire)
     try:
-        async with asyncio.timeout(idle_s):
-            await send(message)
-    except TimeoutError:
-        raise WriterIdleTimeoutError(idle_s) from None
+        await send(message)
+    except asyncio.CancelledError:
+        if fired and task.uncancel() == 0:  # (ours, not the server's own cancellation)
+            raise WriterIdleTimeoutError(idle_s) from None
+        raise
+    finally:
+        handle.cancel()
 
 
 async def pump_frames(
@@ -59,6 +104,7 @@ async def pump_frames(
     writer_idle_timeout_s: float | None = None,
     *,
     encoder: FrameEncoder | None = None,
+    evicted_linger_s: float | None = None,
 ) -> None:
     """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
 
@@ -74,7 +120,10 @@ async def pump_frames(
     Returns when the subscription ends (evicted, bus closed, disconnected); raises
     whatever ``send`` or the iterator raises, and :class:`WriterIdleTimeoutError` when one
     ``send`` (frames or a heartbeat, which go through the same path, so a half-open
-    connection is found too) does not return within ``writer_idle_timeout_s`` seconds.
+    connection is found too) does not return within ``writer_idle_timeout_s`` seconds,
+    or, once the bus evicted the subscriber, within ``evicted_linger_s`` more in all
+    (default: ``writer_idle_timeout_s``): a reader frozen while it was evicted gets its
+    last frames and a clean end when it wakes within that bound (B21).
     """
     # `is None`, not `or`: an empty FrameEncoder is falsy (it has a length), and a new
     # encoder per stream would frame every event once per subscriber.
@@ -82,6 +131,9 @@ async def pump_frames(
         observer = _NOBODY
     if encoder is None:
         encoder = FrameEncoder()
+    linger = _Linger(
+        evicted_linger_s if evicted_linger_s is not None else writer_idle_timeout_s or 0.0
+    )
     while True:
         try:
             frame = await subscription.next_frame(heartbeat_interval_s)
@@ -93,7 +145,7 @@ async def pump_frames(
                 "body": HEARTBEAT,
                 "more_body": True,
             }
-            await _send_within(send, heartbeat, writer_idle_timeout_s)
+            await _send_within(send, heartbeat, writer_idle_timeout_s, subscription, linger)
             subscription.bytes_sent += len(HEARTBEAT)
             observer.bytes_written(len(HEARTBEAT))
             continue
@@ -118,7 +170,7 @@ async def pump_frames(
                 break
             frame = queued
         body: Message = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
-        await _send_within(send, body, writer_idle_timeout_s)
+        await _send_within(send, body, writer_idle_timeout_s, subscription, linger)
         subscription.bytes_sent += size  # one add per send: operators' bytes per second
         for index, written in enumerate(frames):
             observer.frame_written(written, chunks[index], payloads[index])

@@ -219,7 +219,7 @@ class SessionEventsRoute:
                     "user": info.subject,
                     "clientId": info.client_id,
                     "address": info.client_addr,
-                    **_credential_details(admission.principal),
+                    **_credential_details(admission.principal, live.owner_id),
                 },
             )
         except SubscriberLimitExceededError as exc:
@@ -636,12 +636,17 @@ def _parse_max_queued(query_string: bytes) -> int:
     )
 
 
-def _credential_details(principal: Principal) -> dict[str, Any]:
+def _credential_details(principal: Principal, owner_id: int | None) -> dict[str, Any]:
     """What revocation needs to know about a subscriber (``Backend.revoke``, the sweep)."""
     claims = principal.claims
     if claims is None:
         return stream_details(
-            auth="login", user_id=principal.user_id, user_version=None, session_version=None
+            auth="login",
+            user_id=principal.user_id,
+            user_version=None,
+            session_version=None,
+            # Opened on staff rights alone: ends when the user is no longer staff.
+            via_staff=principal.is_staff and owner_id != principal.user_id,
         )
     return stream_details(
         auth="token",

@@ -51,11 +51,13 @@ from sessions.conf import SNAPSHOT_MAX_LIMIT, get_config
 from sessions.errors import ApiError, quota_exceeded
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
+from sessions.web.offload import json_values_bound, off_loop
 from sessions.web.responses import api_view, enforce_csrf
 from sessions.web.validation import (
     MAX_TITLE_LENGTH,
     idempotency_key,
-    parse_json_body,
+    parse_json,
+    read_body,
     refuse_unknown_fields,
     validate_publish_body,
 )
@@ -161,7 +163,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     principal = await _authenticate(request)
     if principal.claims is not None and "create" not in principal.claims.scopes:
         raise ApiError(403, "forbidden", "this token does not grant create access")
-    body = parse_json_body(request, required=False)
+    body = await off_loop(parse_json, read_body(request), required=False)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
     refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
@@ -416,13 +418,32 @@ def _published_response(published: Published) -> HttpResponse:
     return response
 
 
+def _publisher(principal: Principal) -> str:
+    """Whom the JSON-values quota charges: the user, else the token's subject."""
+    claims = principal.claims
+    user_id = principal.user_id if claims is None else claims.user_id
+    return f"user:{user_id}" if user_id is not None else f"name:{principal.name}"
+
+
+def _parse_publish(
+    request: HttpRequest, body: bytes
+) -> tuple[IdempotencyKey | None, dict[str, Any]]:
+    """The key and the event of a publish (CPU in proportion to the body's JSON values:
+    run on the body workers). Raises ``ApiError`` 400 (key first, then the body)."""
+    idempotency = idempotency_key(request, "events")
+    return idempotency, validate_publish_body(parse_json(body, required=True))
+
+
 @api_view("POST", served_elsewhere=("GET", "HEAD"))  # GET, HEAD: the stream route
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
     Needs ``publish`` access. 400 names the bad field; 409 when the session is closed;
-    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``; 429 ``rate_limited`` past the
-    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``; 503 ``draining`` while a
+    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``, 413 ``too_many_values`` when it
+    holds more than ``PUBLISH_MAX_VALUES`` JSON values; 429 ``rate_limited`` past the
+    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``, or past the JSON values
+    of ``PUBLISH_VALUES_PER_S`` (session) / ``PUBLISH_USER_VALUES_PER_S`` (user), charged
+    before the body is parsed (off the loop: ``sessions.web.offload``); 503 ``draining`` while a
     memory-backend process drains (the event would be lost with it). With an
     ``Idempotency-Key`` a repeat answers the first result (``Idempotent-Replayed: true``,
     over a quota too) and publishes nothing; the key with another body is 422
@@ -432,8 +453,21 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     session_id = _session_id_or_404(session_id)
     principal = await _authenticate(request)
     check_token_scope(principal, session_id, "publish")  # learns nothing more without it
-    idempotency = idempotency_key(request, "events")
-    event = validate_publish_body(parse_json_body(request, required=True))
+    body = read_body(request)
+    values, limit = json_values_bound(body), get_config().publish_max_values
+    if values > limit:  # one parse holds the GIL, the loop's too: bounded per body
+        raise ApiError(
+            413,
+            "too_many_values",
+            f"body holds more than {limit} JSON values (PUBLISH_MAX_VALUES; counted as "
+            "1 + its '[', '{' and ',' characters)",
+            limit=limit,
+        )
+    try:
+        get_backend().values_quota.charge(session_id, _publisher(principal), values)
+    except QuotaExceededError as exc:
+        raise quota_exceeded(exc) from None
+    idempotency, event = await off_loop(_parse_publish, request, body)
     try:
         live = await _open_session(principal, session_id, "publish")
     except SessionClosedError:
@@ -532,7 +566,7 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         refuse_unknown_fields(form, _TOKEN_FORM_FIELDS, "invalid_request")
         scope: Any = form.get("scope", "read")
     else:
-        body = parse_json_body(request, required=False)
+        body = await off_loop(parse_json, read_body(request), required=False)
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
         refuse_unknown_fields(body, _TOKEN_FIELDS, "invalid_request")

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -47,10 +47,20 @@ def _redis_answers() -> bool:
         return False
 
 
+# The events of 256 KiB of "{}" hold about 175,000 JSON values each: above the default
+# PUBLISH_MAX_VALUES (100,000), and 50 of them pass the values quotas many times over.
+# This module measures what such events cost in memory, so it lifts those limits.
+_MANY_VALUES: Final = {
+    "QWENWEB_PUBLISH_MAX_VALUES": "200000",
+    "QWENWEB_PUBLISH_VALUES_PER_S": "1000000000",
+    "QWENWEB_PUBLISH_USER_VALUES_PER_S": "1000000000",
+}
+
+
 @pytest.fixture
 def memory_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    env = server_env(e2e_database, QWENWEB_BACKEND="memory")
+    env = server_env(e2e_database, QWENWEB_BACKEND="memory", **_MANY_VALUES)
     server = ServerProcess(serve_argv(port), port, env, tmp_path / "serve.log").start()
     yield server
     server.stop()
@@ -60,7 +70,7 @@ def memory_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]
 def redis_server(e2e_database: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     if not _redis_answers():
         pytest.skip(f"no Redis answers at {redis_url()} (the Redis case needs one)")
-    with redis_cluster(e2e_database, tmp_path, redis_url=redis_url()) as cluster:
+    with redis_cluster(e2e_database, tmp_path, redis_url=redis_url(), **_MANY_VALUES) as cluster:
         yield cluster("serve")
 
 

@@ -2,9 +2,9 @@
 
 A private ``redis-server`` (never the machine's shared one) and ``python -m
 qwenweb.serve`` with the Redis backend on it. SIGSTOP freezes Redis: the publish waits
-out the server's command timeout (5 s) and answers 503, while its script waits in Redis's
-socket buffer. After SIGCONT Redis runs it: the event *is* stored. The publisher, told
-503, retries with the same ``Idempotency-Key``: the answer is the first id
+out the server's command timeout (5 s) and answers 503 ``outcome_unknown``, while its
+script waits in Redis's socket buffer. After SIGCONT Redis runs it: the event *is* stored. The
+publisher, told 503, retries with the same ``Idempotency-Key``: the answer is the first id
 (``Idempotent-Replayed: true``), and the session holds and streams that event once
 (docs/protocol.md, "Idempotent publish"). Every wait is bounded.
 """
@@ -93,7 +93,8 @@ async def test_publish_timed_out_by_a_redis_stall_and_retried_with_its_key_is_st
         os.kill(private.process.pid, signal.SIGCONT)
     assert answers, "the stalled publish never answered"
     status, body, headers = answers[0]
-    assert (status, body["code"], headers["Retry-After"]) == (503, "backend_unavailable", "3")
+    assert (status, body["code"], headers["Retry-After"]) == (503, "outcome_unknown", "3")
+    assert "same Idempotency-Key" in body["error"]
     with private.client() as client:  # Redis ran the waiting script once it resumed
         stream_key = f"{PREFIX}:s:{{{session.id}}}:stream"
         assert wait_for(lambda: client.xlen(stream_key) == 2, 10.0, 0.05)

@@ -159,3 +159,41 @@ async def test_revoke_tokens_reaches_the_streams_of_every_redis_process(tmp_path
                 stream.close()
     relayed = [s.log().count("streams_ended reason=token_revoked count=") for s in servers]
     assert sum(relayed) >= 1, [s.log()[-2000:] for s in servers]  # the message, not only the sweep
+
+
+@pytest.mark.asyncio
+async def test_demoting_a_staff_user_ends_their_stream_on_another_users_session(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    _, sid, _ = _owned_session(e2e_database)
+    name = f"staff-{secrets.token_hex(4)}"
+    login = (  # a login session for a staff user, as the login page would make it
+        "from importlib import import_module; from django.conf import settings; "
+        "from django.contrib import auth; from django.contrib.auth.models import User; "
+        f"u = User.objects.create_user({name!r}, is_staff=True); "
+        "s = import_module(settings.SESSION_ENGINE).SessionStore(); "
+        "s[auth.SESSION_KEY] = str(u.pk); "
+        "s[auth.BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend'; "
+        "s[auth.HASH_SESSION_KEY] = u.get_session_auth_hash(); s.save(); "
+        "print(settings.SESSION_COOKIE_NAME + '=' + s.session_key)"
+    )
+    cookie = _manage(e2e_database, "shell", "-c", login).strip().splitlines()[-1]
+    stream = await open_stream(
+        daphne_server.port, f"/session/{sid}/events", None, [("Cookie", cookie)]
+    )
+    assert stream.status == 200
+    demote = (
+        "from django.contrib.auth.models import User; "
+        f"u = User.objects.get(username={name!r}); u.is_staff = False; u.save()"
+    )
+    _manage(e2e_database, "shell", "-c", demote)
+    demoted_at = time.monotonic()
+    try:
+        await stream.read_until(lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S)
+    finally:
+        stream.close()
+    ended_after_s = time.monotonic() - demoted_at
+    error = json.loads(next(e.data for e in stream.events if e.type == "stream_error"))
+    print(f"stream ended {ended_after_s:.2f} s after the demotion")
+    assert error["data"]["code"] == "token_revoked"
+    assert ended_after_s < WITHIN_S

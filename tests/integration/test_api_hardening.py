@@ -32,6 +32,29 @@ async def test_integers_beyond_64_bits_keep_their_exact_value(make_session):
     assert event["data"] == {"big": 2**70, "neg": -(2**64) - 1}
 
 
+async def test_integers_of_309_digits_and_more_keep_their_exact_value(make_session):
+    # orjson reads them as a double that overflows ("infinity"): not a reason to refuse.
+    session_id = await make_session()
+    big = 10**400 + 7
+    response = await call(
+        "POST", f"/session/{session_id}/events",
+        headers=bearer(issue_token(session_id, ["publish"])),
+        body=b'{"type":"t","data":[%d,-%d]}' % (10**308, big),
+    )  # fmt: skip
+    assert response.status == 200, response.body
+    assert (await load(session_id)).json()["events"][-1]["data"] == [10**308, -big]
+
+
+async def test_an_integer_past_pythons_digit_cap_is_400_naming_it(make_session):
+    session_id = await make_session()
+    response = await call(
+        "POST", f"/session/{session_id}/events",
+        headers=bearer(issue_token(session_id, ["publish"])),
+        body=b'{"type":"t","data":' + b"9" * 5000 + b"}",
+    )  # fmt: skip
+    assert "4300 digits" in assert_error(response, 400, "invalid_json")["error"]
+
+
 @pytest.mark.parametrize(
     "event_type",
     ["client_evicted", "stream_error", "state_resync_required", "replay_complete",

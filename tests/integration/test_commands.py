@@ -124,3 +124,18 @@ def test_demo_stops_with_an_error_when_its_server_exits(monkeypatch: pytest.Monk
     monkeypatch.setattr(subprocess, "Popen", dying_server)  # the demo command's server
     with pytest.raises(CommandError, match="the server exited with status 3"):
         run("demo", "--port", str(free_port()), "--tokens-per-s", "5")
+
+
+def test_serve_shares_the_ring_budget_among_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qwenweb.serve import share_ring_budget
+    from sessions.conf import get_config
+
+    monkeypatch.setenv("QWENWEB_MAX_RING_BYTES_TOTAL", str(400 * 2**20))
+    get_config.cache_clear()
+    try:
+        assert share_ring_budget(1) == 400 * 2**20
+        assert share_ring_budget(4) == 100 * 2**20
+        assert get_config().max_ring_bytes_total == 100 * 2**20  # what the workers read
+    finally:
+        monkeypatch.undo()
+        get_config.cache_clear()

@@ -143,3 +143,24 @@ async def test_redis_keeps_at_most_max_keys_per_session(make_session, qwenweb_se
     idem, times = store.idempotency_keys(sid)
     assert await store.client.hlen(idem) == await store.client.zcard(times) == 3
     assert sorted(await store.client.hkeys(idem)) == [b"k2", b"k3", b"k4"]
+
+
+@backend.memory_only("the memory backend's key stores")
+async def test_a_closed_sessions_keys_leave_the_process_budget_after_their_time_to_live(
+    make_session,
+):
+    memory = backend.as_memory()
+    now = [1000.0]
+    memory.clock = lambda: now[0]
+    sid = await make_session()
+    first = await _post(sid, "events", "p", {"type": "a"})
+    await _post(sid, "close", "c")
+    assert (memory.key_budget.count, (await _post(sid, "events", "p", {"type": "a"})).json()) == (
+        2,
+        first.json(),
+    )
+    now[0] += 900  # IDEMPOTENCY_TTL_S
+    other = await make_session()
+    await _post(other, "close", None)  # (any close, or the housekeeping, drops expired stores)
+    assert memory.key_budget.count == 0
+    assert_error(await _post(sid, "events", "p", {"type": "a"}), 409, "session_closed")

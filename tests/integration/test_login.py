@@ -6,6 +6,7 @@ logs in to reach their session pages.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -68,3 +69,26 @@ async def test_next_pointing_to_another_site_is_not_followed():
     await owner()
     response = await post_login("alice", PASSWORD, "https://evil.example/")
     assert (response.status, response.headers["location"]) == (302, "/sessions/")
+
+
+@pytest.fixture
+def fresh_login_counts() -> Iterator[None]:
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()  # (the counts live in the process's cache: other tests log in too)
+
+
+async def test_after_too_many_wrong_passwords_even_the_right_one_is_refused(
+    qwenweb_settings: Any, fresh_login_counts: None
+):
+    qwenweb_settings(LOGIN_MAX_FAILURES=3)
+    await owner()
+    for _ in range(3):
+        assert (await post_login("alice", "wrong")).status == 200
+    refused = await post_login("alice", PASSWORD)
+    assert refused.status == 200  # the form again, no session
+    assert "set-cookie" not in refused.headers or "sessionid" not in refused.headers["set-cookie"]
+    await owner("bob")  # another username from the same address still logs in
+    assert (await post_login("bob", PASSWORD)).status == 302

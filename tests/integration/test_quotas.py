@@ -208,3 +208,31 @@ async def test_a_bus_with_a_subscriber_or_a_publish_is_not_idle(
     assert stream.status == 200
     assert backend.registry.get(sid) is not None
     assert backend.registry.get(busy) is not None
+
+
+async def test_publish_past_the_json_values_quota_is_429_before_the_body_is_parsed(
+    make_session: Any, qwenweb_settings: Any
+) -> None:
+    qwenweb_settings(PUBLISH_VALUES_PER_S=10)  # a burst of 20 values
+    sid = await make_session()
+    big = {"type": "a", "data": [{} for _ in range(30)]}  # above the burst: passes once
+    assert (await publish_event(sid, big)).status == 200
+    response = await publish_event(sid, {"type": "b"})
+    body = assert_error(response, 429, "rate_limited")
+    assert (body["quota"], body["limit"]) == ("PUBLISH_VALUES_PER_S", 10)
+    assert int(response.headers["retry-after"]) >= 2
+
+
+async def test_the_json_values_quota_of_a_user_spans_their_sessions(
+    make_session: Any, qwenweb_settings: Any
+) -> None:
+    qwenweb_settings(PUBLISH_USER_VALUES_PER_S=10)
+    first, second = await make_session(), await make_session()
+    big = {"type": "a", "data": list(range(30))}
+    token = issue_token(first, ["publish"], "alice")
+    assert (await publish_event(first, big, token)).status == 200
+    other = issue_token(second, ["publish"], "alice")
+    body = assert_error(await publish_event(second, {"type": "b"}, other), 429, "rate_limited")
+    assert body["quota"] == "PUBLISH_USER_VALUES_PER_S"
+    bob = issue_token(second, ["publish"], "bob")
+    assert (await publish_event(second, {"type": "b"}, bob)).status == 200

@@ -175,3 +175,46 @@ async def test_a_stream_ends_with_token_expired_when_its_token_expires(
     data = await _ended_with(stream, "token_expired")
     assert data["error"]
     assert time.time() >= signed_at + lifetime
+
+
+async def _demote(user: Any) -> None:
+    user.is_staff = False
+    await database_sync_to_async(user.save)()
+
+
+async def test_a_staff_login_stream_on_another_users_session_ends_when_demoted(
+    make_session, make_user, open_stream
+):
+    _, sid = await _owned_session(make_session, make_user)
+    staff = await make_user("operator", is_staff=True)
+    stream = await open_stream(f"/session/{sid}/events", {"cookie": await login_cookie(staff)})
+    assert stream.status == 200
+    await _demote(staff)
+    await _ended_with(stream, "token_revoked")
+
+
+async def test_the_sweep_ends_a_staff_stream_whose_rights_went_without_a_signal(
+    make_session, make_user, open_stream
+):
+    _, sid = await _owned_session(make_session, make_user)
+    staff = await make_user("operator", is_staff=True)
+    stream = await open_stream(f"/session/{sid}/events", {"cookie": await login_cookie(staff)})
+    await database_sync_to_async(  # (a queryset update sends no signal)
+        lambda: get_user_model().objects.filter(pk=staff.pk).update(is_staff=False)
+    )()
+    await _ended_with(stream, "token_revoked")
+
+
+async def test_a_demoted_users_stream_on_their_own_session_goes_on(
+    make_session, make_user, open_stream
+):
+    owner = await make_user("staff-owner", is_staff=True)
+    sid = await make_session(owner_id=owner.pk)
+    opened = await open_stream(f"/session/{sid}/events", {"cookie": await login_cookie(owner)})
+    assert opened.status == 200
+    await _demote(owner)
+    from sessions.backends import get_backend
+
+    backend = get_backend()
+    assert await backend.revocation_sweep.sweep_once() == 0
+    assert (await backend.get_live_session(sid)).bus.subscriber_count == 1
