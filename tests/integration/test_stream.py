@@ -319,6 +319,7 @@ async def test_invalid_max_queued_is_400(make_session, stream_of, query):
         ("other=1", 256),
     ],
 )
+@pytest.mark.usefixtures("strict_caps")
 async def test_max_queued_sets_the_subscriber_cap(make_session, stream_of, query, expected):
     # EB-14, EB-4: the cap shows in the slow_client_warning of a burst
     sid = await make_session()
@@ -387,6 +388,7 @@ async def test_checks_run_in_order_auth_then_max_queued_then_lookup(stream_of, o
 # -- EB-4, EB-5 through the route: a client that stops reading ----------------------------
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_ends(
     make_session, stream_of
 ):
