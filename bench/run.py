@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import nchan
+from bench.delivery import fast_reader_burst
 from bench.h2bench import http2_fanout
 from bench.idle import idle_memory
 from bench.measure import (
@@ -527,7 +528,7 @@ def _git(*args: str) -> str:
     return done.stdout.decode(errors="replace").strip()
 
 
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "burst")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "burst")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -600,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench.slow_client()
             if "S8" in only:
                 http2_fanout(bench)
+            if "S9" in only:
+                fast_reader_burst(bench, 3 if args.quick else 10)
             if "burst" in only:
                 bench.burst()
             if "S5" in only:
