@@ -459,6 +459,9 @@ def _summarize(
     result["out_of_range"] = sum(sub.out_of_range for sub in subs)
     result["id_disorder"] = sum(sub.id_disorder for sub in subs)
     result["complete_subs"] = sum(1 for sub in subs if sub.unique == sub.n)
+    # What really reached the subscribers: per-delivery costs divide by this, never by
+    # n × subscribers (an evicted subscriber costs nothing more and would flatter them).
+    result["delivered"] = sum(sub.unique for sub in subs)
     result["evicted_subs"] = sum(1 for sub in subs if sub.terminal == "client_evicted")
     result["terminals"] = dict(Counter(sub.terminal or "open" for sub in subs))
     result["frame_types"] = dict(sum((sub.types for sub in subs), Counter()))

@@ -113,6 +113,9 @@ def correctness(result: dict[str, Any]) -> str:
         problems.append(f"BAD ID ORDER {result['id_disorder']}")
     if result.get("timed_out_subs"):
         problems.append(f"TIMEOUT {result['timed_out_subs']} subs")
+    if result.get("evicted_subs") and not result.get("stalled"):
+        # Announced, so not lost, but a healthy reader evicted is a failure of the server.
+        problems.append(f"EVICTED {result['evicted_subs']} subs")
     check = result.get("parser_check", "ok")
     if check not in ("ok", "skipped"):
         problems.append(check)

@@ -177,7 +177,7 @@ class Bench:
     def throughput(self, key: str, title: str, subscribers: int, n: int, n_es: int) -> None:
         self.log(f"{key} {title}")
         per_rep: dict[str, dict[int, float | None]] = {}
-        cpu: dict[str, list[float]] = {}
+        cpu: dict[str, list[float | None]] = {}
         cells: dict[str, list[str]] = {}
         raw: dict[str, list[Any]] = {}
         client_cpu: dict[str, list[float]] = {}
@@ -191,9 +191,10 @@ class Bench:
             )
             result = measured.result
             elapsed = result.get("elapsed_s")
-            rate = count * subscribers / elapsed if elapsed else None
+            delivered = result.get("delivered", 0)
+            rate = delivered / elapsed if elapsed else None
             per_rep.setdefault(name, {})[rep] = rate
-            cpu_us = measured.server_cpu_s / (count * subscribers) * 1e6
+            cpu_us = measured.server_cpu_s / delivered * 1e6 if delivered else None
             cpu.setdefault(name, []).append(cpu_us)
             cpu_per_rep.setdefault(name, {})[rep] = cpu_us
             client_cpu.setdefault(name, []).append(result.get("client_busy", 0))
