@@ -1,4 +1,4 @@
-"""Scenario 9: a fast reader of a 20,000-event burst is never evicted (issue 23, EB-3/EB-4).
+"""Scenarios 9 and 10 (issue 23). 9: a fast reader of a burst is never evicted (EB-3, EB-4).
 
 One subscriber with the default ``maxQueued`` (256) reads with the load generator (raw
 sockets, faster than any contender writes); as soon as its stream's headers arrived the
@@ -6,6 +6,7 @@ server publishes 20,000 events of 200 B on its own loop, yielding after each
 (``rate=0&batch=1``). Each contender runs it ``REPS`` times, alternated; the table counts
 the runs with a warning or an eviction (the Done-when: 0 of 10 under the production entry
 point) and gives events/s and server CPU per delivery (µs, the whole process tree).
+Scenario 10 (:func:`llm_shaped`): many sessions at an agent's pace (issue 23, item 6).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from bench.measure import (
     stream_spec,
 )
 from bench.plan import BenchContext
-from bench.servers import EVENTSTREAM, NCHAN
+from bench.servers import EVENTSTREAM, NCHAN, QW_GRANIAN
 
 REPS = 10
 EVENTS = 20_000
@@ -71,4 +72,69 @@ def fast_reader_burst(bench: BenchContext, reps: int = REPS, events: int = EVENT
         "stream's headers arrived and yields to the loop after each publish. A warning or "
         "an eviction here is the server's own latency blamed on a reader that keeps up "
         "(issue 23).\n\n" + "\n".join(rows) + "\n"
+    )
+
+
+def llm_shaped(
+    bench: BenchContext, sessions: int = 2000, duration_s: float = 30.0, rate: float = 10.0
+) -> None:
+    """Run scenario 10 (LLM-shaped traffic) on each qwenweb contender; append its table.
+
+    ``sessions`` sessions with 2 subscribers each; every session gets ``rate`` token chunks
+    per second (40-120 B of JSON ``data``) published in-process, spread evenly over each
+    period, for ``duration_s`` seconds. One load generator process reads all the streams.
+    """
+    per_session = int(rate * duration_s)
+    bench.log(
+        f"S10 LLM-shaped: {sessions:,} sessions x 2 subscribers, {rate:g}/s for {duration_s:g} s"
+    )
+    names = tuple(n for n in bench.contenders if n.startswith("qwenweb") and n != QW_GRANIAN)
+    rows = [
+        "| contender | deliveries | deliveries/s | publish → receive p50 / p99 / max (ms) | "
+        "server CPU µs per delivery | server RSS before → peak (MiB) | publisher behind "
+        "schedule, max (ms) | loadgen CPU busy | lost / duplicated / evicted |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    raw: dict[str, Any] = {}
+    for name in names:
+        server = bench.servers[name]
+        created = server.call(f"/bench/sessions?n={sessions}&group=llm", timeout_s=300)
+        spec = {
+            "port": server.port,
+            "streams": created["streams"],
+            "subscribers": 2 * sessions,
+            "n": per_session,
+            "timeout_s": duration_s + 180,
+            "settle_s": 20,
+            "trigger": f"/bench/paced?group=llm&rate={rate:g}&duration_s={duration_s:g}"
+            "&min=40&max=120",
+            "trigger_port": server.control_port,
+        }
+        rss_before = server.rss_kib()
+        measured = run_loadgen(server, spec, sample_every_s=1.0)
+        result = measured.result
+        delivered = result.get("delivered") or 0
+        peak = max((rss for _, rss in measured.rss_series), default=rss_before)
+        lat = result.get("latency_ms", {})
+        trigger = result.get("trigger", {})
+        raw[name] = {**result, "server_cpu_s": measured.server_cpu_s, "rss_before_kib": rss_before,
+                     "rss_peak_kib": peak}  # fmt: skip
+        rows.append(
+            f"| {name} | {delivered:,} of {2 * sessions * per_session:,} | "
+            f"{fmt(delivered / duration_s)} | {fmt(lat.get('p50'))} / {fmt(lat.get('p99'))} / "
+            f"{fmt(lat.get('max'))} | "
+            f"{fmt(measured.server_cpu_s / delivered * 1e6 if delivered else None)} | "
+            f"{rss_before / 1024:.0f} → {peak / 1024:.0f} | {fmt(trigger.get('behind_max_ms'))} | "
+            f"{fmt(100 * (result.get('client_busy') or 0), 2)} % | {correctness(result)} |"
+        )
+        bench.log(f"  {name}: {rows[-1]}")
+    bench.results["S10"] = raw
+    bench.tables.append(
+        f"### 10. LLM-shaped: {sessions:,} sessions × 2 subscribers, {rate:g} token chunks/s "
+        f"each (40–120 B), {duration_s:g} s\n\n"
+        f"{2 * sessions * rate:,.0f} deliveries/s planned, published in-process on the "
+        "server's loop, each session's events spread evenly over the period. Latency is "
+        "publish (`monotonic_ns` in the event) to receipt by the load generator; server CPU "
+        "covers the whole measurement (connecting the streams included) over the server's "
+        "process tree.\n\n" + "\n".join(rows) + "\n"
     )

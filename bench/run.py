@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import nchan
-from bench.delivery import fast_reader_burst
+from bench.delivery import fast_reader_burst, llm_shaped
 from bench.h2bench import http2_fanout
 from bench.idle import idle_memory
 from bench.measure import (
@@ -529,7 +529,7 @@ def _git(*args: str) -> str:
     return done.stdout.decode(errors="replace").strip()
 
 
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "burst")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "S10", "burst")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
                 http2_fanout(bench)
             if "S9" in only:
                 fast_reader_burst(bench, 3 if args.quick else 10)
+            if "S10" in only:
+                llm_shaped(bench, *((200, 10.0) if args.quick else (2000, 30.0)))
             if "burst" in only:
                 bench.burst()
             if "S5" in only:
