@@ -40,15 +40,49 @@ class WriterIdleTimeoutError(Exception):
         self.idle_s = idle_s
 
 
-async def _send_within(send: Send, message: Message, idle_s: float | None) -> None:
-    if idle_s is None:
+class _IdleWatch:
+    """The writer idle timeout: one timer per stream, not an ``asyncio.timeout`` per send.
+
+    An ``asyncio.timeout`` scope around every ``send`` was a third of the pump's time when
+    each event is its own ``send`` (docs/benchmarks.md, issue 23). Here a ``send`` costs two
+    attribute writes and a clock read; the timer wakes once per ``idle_s`` (or when the
+    pending ``send`` reaches ``idle_s``) and cancels the pump's task only if one ``send``
+    has been pending that long. :func:`pump_frames` turns that cancellation into
+    :class:`WriterIdleTimeoutError`.
+    """
+
+    __slots__ = ("_handle", "_idle_s", "_loop", "_task", "fired", "started")
+
+    def __init__(self, idle_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None  # pump_frames runs in a task
+        self._task = task
+        self._idle_s = idle_s
+        self.started: float | None = None  # loop time the pending send began, or None
+        self.fired = False
+        self._handle = self._loop.call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        started, now = self.started, self._loop.time()
+        if started is not None and now - started >= self._idle_s:
+            self.fired = True
+            self._task.cancel()
+            return
+        due = started + self._idle_s if started is not None else now + self._idle_s
+        self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+async def _send_watched(send: Send, message: Message, watch: _IdleWatch | None) -> None:
+    if watch is None:
         await send(message)
         return
-    try:
-        async with asyncio.timeout(idle_s):
-            await send(message)
-    except TimeoutError:
-        raise WriterIdleTimeoutError(idle_s) from None
+    watch.started = watch._loop.time()
+    await send(message)
+    watch.started = None
 
 
 async def pump_frames(
@@ -82,6 +116,28 @@ async def pump_frames(
         observer = _NOBODY
     if encoder is None:
         encoder = FrameEncoder()
+    watch = None if writer_idle_timeout_s is None else _IdleWatch(writer_idle_timeout_s)
+    try:
+        await _pump(subscription, send, heartbeat_interval_s, observer, encoder, watch)
+    except asyncio.CancelledError:
+        # The watch cancelled the task (and nobody else did): the socket took nothing.
+        task = asyncio.current_task()
+        if watch is not None and watch.fired and task is not None and task.uncancel() == 0:
+            raise WriterIdleTimeoutError(watch._idle_s) from None
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+async def _pump(
+    subscription: Subscription,
+    send: Send,
+    heartbeat_interval_s: float,
+    observer: ConnectionObserver,
+    encoder: FrameEncoder,
+    watch: _IdleWatch | None,
+) -> None:
     while True:
         try:
             frame = await subscription.next_frame(heartbeat_interval_s)
@@ -89,7 +145,7 @@ async def pump_frames(
             return
         if frame is None:
             heartbeat = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
-            await _send_within(send, heartbeat, writer_idle_timeout_s)
+            await _send_watched(send, heartbeat, watch)
             subscription.bytes_sent += len(HEARTBEAT)
             observer.bytes_written(len(HEARTBEAT))
             continue
@@ -114,7 +170,7 @@ async def pump_frames(
                 break
             frame = queued
         body = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
-        await _send_within(send, body, writer_idle_timeout_s)
+        await _send_watched(send, body, watch)
         subscription.bytes_sent += size  # one add per send: operators' bytes per second
         for index, written in enumerate(frames):
             observer.frame_written(written, chunks[index], payloads[index])
