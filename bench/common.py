@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 # `{"seq":` + `,"t":` + `,"pad":""}`: the bytes around the two numbers and the pad.
@@ -102,3 +103,53 @@ def run_burst_sync(
             refused += 1
     end = time.monotonic_ns()
     return {"published": n - refused, "refused": refused, "publish_s": (end - start) / 1e9}
+
+
+async def run_paced_sessions(
+    publishers: Sequence[Callable[[dict[str, Any]], bool]],
+    rate: float,
+    duration_s: float,
+    sizes: tuple[int, int],
+    seed: int = 23,
+) -> dict[str, Any]:
+    """Publish ``rate`` events/s into each of many sessions for ``duration_s`` seconds.
+
+    ``publishers[i]`` publishes into session ``i``. Session ``i``'s ``k``-th event (``seq``
+    ``k + 1``) is due at ``start + (k + i / len(publishers)) / rate``: the sessions are
+    spread evenly over each period, as independent agents would be. Sizes (compact JSON
+    of ``data``) are drawn uniformly from ``sizes`` (bytes, inclusive) with a fixed seed.
+    Events that fell behind go out together, at most 500 per loop turn. Returns counts,
+    the publishing time and how far behind the schedule it fell at most (ms).
+    """
+    count = len(publishers)
+    per_session = int(rate * duration_s)
+    total = per_session * count
+    period_s = 1.0 / rate
+    rng = random.Random(seed)
+    pads: dict[int, str] = {}
+    start = time.monotonic()
+    refused = index = 0
+    behind_s = 0.0
+    while index < total:
+        now = time.monotonic()
+        burst = 0
+        while index < total and burst < 500:
+            k, i = divmod(index, count)
+            due = start + (k + i / count) * period_s
+            if due > now:
+                break
+            behind_s = max(behind_s, now - due)
+            if not publishers[i](make_data(k + 1, rng.randint(*sizes), pads)):
+                refused += 1
+            index += 1
+            burst += 1
+        if index < total:
+            k, i = divmod(index, count)
+            due = start + (k + i / count) * period_s
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+    return {
+        "published": total - refused,
+        "refused": refused,
+        "publish_s": time.monotonic() - start,
+        "behind_max_ms": behind_s * 1e3,
+    }

@@ -35,6 +35,7 @@ import sys
 import time
 from array import array
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from bench import h2client
@@ -257,13 +258,22 @@ def _port_of(spec: dict[str, Any], index: int) -> int:
     return int(ports[index % len(ports)]) if ports else int(spec["port"])
 
 
-def _request(spec: dict[str, Any], last_event_id: str | None, port: int | None = None) -> bytes:
+def _request(
+    spec: dict[str, Any], last_event_id: str | None, port: int | None = None, index: int = 0
+) -> bytes:
+    """Subscriber ``index``'s request: ``path`` and ``headers``, or with ``streams`` (a list
+    of ``[path, bearer token]``, one per session) the stream ``index`` modulo its length."""
+    streams = spec.get("streams")
+    path, headers = spec.get("path"), spec.get("headers", [])
+    if streams:
+        path, token = streams[index % len(streams)]
+        headers = [["Authorization", f"Bearer {token}"]]
     lines = [
-        f"GET {spec['path']} HTTP/1.1",
+        f"GET {path} HTTP/1.1",
         f"Host: 127.0.0.1:{port if port is not None else spec['port']}",
         "Accept: text/event-stream",
     ]
-    lines += [f"{k}: {v}" for k, v in spec.get("headers", [])]
+    lines += [f"{k}: {v}" for k, v in headers]
     if last_event_id is not None:
         lines.append(f"Last-Event-ID: {last_event_id}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -370,7 +380,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             n,
             i >= count - stalled,
             i == 0 and mode != "idle",
-            _request(spec, cursor, _port_of(spec, i)),
+            _request(spec, cursor, _port_of(spec, i), i),
             nchan_ids,
         )
         for i in range(count)
@@ -459,6 +469,9 @@ def _summarize(
     result["out_of_range"] = sum(sub.out_of_range for sub in subs)
     result["id_disorder"] = sum(sub.id_disorder for sub in subs)
     result["complete_subs"] = sum(1 for sub in subs if sub.unique == sub.n)
+    # What really reached the subscribers: per-delivery costs divide by this, never by
+    # n × subscribers (an evicted subscriber costs nothing more and would flatter them).
+    result["delivered"] = sum(sub.unique for sub in subs)
     result["evicted_subs"] = sum(1 for sub in subs if sub.terminal == "client_evicted")
     result["terminals"] = dict(Counter(sub.terminal or "open" for sub in subs))
     result["frame_types"] = dict(sum((sub.types for sub in subs), Counter()))
@@ -490,14 +503,21 @@ def _summarize(
 
 def main(argv: list[str] | None = None) -> None:
     """Spec keys: ``port`` (or ``ports``: subscribers spread round-robin), ``path``,
-    ``headers`` ([[name, value]]), ``transport`` (``h1``, ``h1-tls``, ``h2``), ``mode`` (``stream``,
+    ``headers`` ([[name, value]]), ``streams`` ([[path, token]]: subscriber i reads stream
+    i modulo their count, instead of ``path`` and ``headers``), ``transport`` (``h1``,
+    ``h1-tls``, ``h2``), ``mode`` (``stream``,
     ``idle``), ``subscribers``, ``stalled`` (how many of them never read until the end),
     ``n`` (events expected), ``trigger`` (a POST target fired once all are connected),
     ``trigger_argv`` (a command that publishes instead), ``trigger_port``, ``trigger_tls``,
     ``id_format`` (``nchan``: check its ids), ``last_event_id``, ``timeout_s``,
     ``stall_drain_s``, ``connect_concurrency``."""
     args = sys.argv[1:] if argv is None else argv
-    spec = json.loads(args[0])
+    if args[0].startswith("@"):  # a spec file of bench.measure.spawn_loadgen: read, remove
+        spec_file = Path(args[0][1:])
+        spec = json.loads(spec_file.read_text())
+        spec_file.unlink()
+    else:
+        spec = json.loads(args[0])
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 10,000 idle streams
     result = asyncio.run(run(spec))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -30,9 +31,15 @@ class Measured:
 
 def spawn_loadgen(spec: dict[str, Any], *, interactive: bool = False) -> subprocess.Popen[bytes]:
     """Start ``python -m bench.loadgen <spec>``; ``interactive`` gives it a stdin to hold
-    its streams open until told to close them (stderr is then discarded)."""
+    its streams open until told to close them (stderr is then discarded). A spec too long
+    for a command line (``streams`` of thousands of sessions) goes through a file."""
+    text = json.dumps(spec)
+    if len(text) > 64 * 1024:  # one argument may hold at most 128 KiB on Linux
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+            file.write(text)
+        text = "@" + file.name
     return subprocess.Popen(
-        [PY, "-m", "bench.loadgen", json.dumps(spec)],
+        [PY, "-m", "bench.loadgen", text],
         cwd=REPO,
         stdin=subprocess.PIPE if interactive else None,
         stdout=subprocess.PIPE,
@@ -113,6 +120,9 @@ def correctness(result: dict[str, Any]) -> str:
         problems.append(f"BAD ID ORDER {result['id_disorder']}")
     if result.get("timed_out_subs"):
         problems.append(f"TIMEOUT {result['timed_out_subs']} subs")
+    if result.get("evicted_subs") and not result.get("stalled"):
+        # Announced, so not lost, but a healthy reader evicted is a failure of the server.
+        problems.append(f"EVICTED {result['evicted_subs']} subs")
     check = result.get("parser_check", "ok")
     if check not in ("ok", "skipped"):
         problems.append(check)

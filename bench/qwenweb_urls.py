@@ -8,6 +8,12 @@
   answers when the last one is published, with the publish timings. ``&shape=token``:
   each event is a one-word ``agent_message_chunk`` (``session_update``) carrying ``seq`` and
   ``t``, about 200 bytes on the wire (``size`` is then ignored; bench.compression).
+- ``POST /bench/sessions?n=&group=``: ``n`` new sessions (buses built) remembered as
+  ``group``; ``{"streams": [[path, read token], ...]}``.
+- ``POST /bench/paced?group=&rate=&duration_s=&min=&max=``: publish ``rate`` events/s
+  into every session of ``group`` for ``duration_s`` seconds, ``min``..``max`` bytes each
+  (:func:`bench.common.run_paced_sessions`, in-process like ``/bench/burst``); answers
+  when done, with its counts.
 - ``GET /bench/ping``: readiness.
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
   ``BENCH_TRACEMALLOC=1`` (``bench.memprofile``): snapshot, then the top allocation sites
@@ -16,6 +22,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tracemalloc
 from typing import Any
@@ -25,7 +32,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, path
 from django.views.decorators.csrf import csrf_exempt
 
-from bench.common import burst_params, run_burst
+from bench.common import burst_params, run_burst, run_paced_sessions
 from qwenweb.urls import urlpatterns as project_urlpatterns
 from sessions.auth import issue_token
 from sessions.backends import get_backend
@@ -92,6 +99,50 @@ async def bench_burst(request: HttpRequest) -> HttpResponse:
     return JsonResponse(await run_burst(publish_shared, n, size, rate, batch))
 
 
+_groups: dict[str, list[str]] = {}
+
+
+def _create_rows(n: int) -> list[str]:
+    rows = AgentSession.objects.bulk_create([AgentSession(title="bench") for _ in range(n)])
+    return [str(row.pk) for row in rows]
+
+
+@csrf_exempt
+async def bench_sessions(request: HttpRequest) -> HttpResponse:
+    n = int(request.GET.get("n", "1"))
+    if not 1 <= n <= 20_000:
+        return JsonResponse({"error": "n must be in [1, 20000]"}, status=400)
+    ids = await database_sync_to_async(_create_rows)(n)
+    backend = get_backend()
+    for session_id in ids:
+        await backend.get_live_session(session_id)
+    _groups[request.GET.get("group", "default")] = ids
+    return JsonResponse(
+        {
+            "streams": [
+                [f"/session/{sid}/events", issue_token(sid, ["read"], "bench")] for sid in ids
+            ]
+        }
+    )
+
+
+def _publish_token(backend: MemoryBackend, live: Any, data: dict[str, Any]) -> bool:
+    return backend.publish_nowait(live, {"type": "token", "data": data}) is not None
+
+
+@csrf_exempt
+async def bench_paced(request: HttpRequest) -> HttpResponse:
+    query = request.GET
+    backend = get_backend()
+    lives = [await backend.get_live_session(sid) for sid in _groups[query.get("group", "default")]]
+    if not isinstance(backend, MemoryBackend):
+        return JsonResponse({"error": "the memory backend only"}, status=400)
+    publishers = [functools.partial(_publish_token, backend, live) for live in lives]
+    sizes = (int(query.get("min", "40")), int(query.get("max", "120")))
+    rate, duration_s = float(query.get("rate", "10")), float(query.get("duration_s", "30"))
+    return JsonResponse(await run_paced_sessions(publishers, rate, duration_s, sizes))
+
+
 async def bench_ping(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
@@ -127,6 +178,8 @@ async def bench_tracemalloc(request: HttpRequest) -> HttpResponse:
 urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/session", bench_session),
     path("bench/burst", bench_burst),
+    path("bench/sessions", bench_sessions),
+    path("bench/paced", bench_paced),
     path("bench/ping", bench_ping),
     path("bench/tracemalloc", bench_tracemalloc),
     *project_urlpatterns,

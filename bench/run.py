@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import nchan
+from bench.delivery import fast_reader_burst, llm_shaped
 from bench.h2bench import http2_fanout
 from bench.idle import idle_memory
 from bench.measure import (
@@ -176,7 +177,7 @@ class Bench:
     def throughput(self, key: str, title: str, subscribers: int, n: int, n_es: int) -> None:
         self.log(f"{key} {title}")
         per_rep: dict[str, dict[int, float | None]] = {}
-        cpu: dict[str, list[float]] = {}
+        cpu: dict[str, list[float | None]] = {}
         cells: dict[str, list[str]] = {}
         raw: dict[str, list[Any]] = {}
         client_cpu: dict[str, list[float]] = {}
@@ -190,9 +191,10 @@ class Bench:
             )
             result = measured.result
             elapsed = result.get("elapsed_s")
-            rate = count * subscribers / elapsed if elapsed else None
+            delivered = result.get("delivered", 0)
+            rate = delivered / elapsed if elapsed else None
             per_rep.setdefault(name, {})[rep] = rate
-            cpu_us = measured.server_cpu_s / (count * subscribers) * 1e6
+            cpu_us = measured.server_cpu_s / delivered * 1e6 if delivered else None
             cpu.setdefault(name, []).append(cpu_us)
             cpu_per_rep.setdefault(name, {})[rep] = cpu_us
             client_cpu.setdefault(name, []).append(result.get("client_busy", 0))
@@ -527,7 +529,7 @@ def _git(*args: str) -> str:
     return done.stdout.decode(errors="replace").strip()
 
 
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "burst")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9", "S10", "burst")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -600,6 +602,10 @@ def main(argv: list[str] | None = None) -> int:
                 bench.slow_client()
             if "S8" in only:
                 http2_fanout(bench)
+            if "S9" in only:
+                fast_reader_burst(bench, 3 if args.quick else 10)
+            if "S10" in only:
+                llm_shaped(bench, *((200, 10.0) if args.quick else (2000, 30.0)))
             if "burst" in only:
                 bench.burst()
             if "S5" in only:

@@ -24,6 +24,7 @@ from django.dispatch import receiver
 from sessions.bus import (
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_SUBSCRIBERS,
+    DEFAULT_OVERFLOW_GRACE_S,
     DEFAULT_RING_MAX_BYTES,
     DEFAULT_RING_SIZE,
     MAX_EVENT_RING_SIZE,
@@ -62,6 +63,7 @@ ENV_OVERRIDES: Final = {
     "RING_SIZE": "QWENWEB_RING_SIZE",
     "MAX_SUBSCRIBERS": "QWENWEB_MAX_SUBSCRIBERS",
     "MAX_QUEUED_BYTES": "QWENWEB_MAX_QUEUED_BYTES",
+    "OVERFLOW_GRACE_S": "QWENWEB_OVERFLOW_GRACE_S",
     "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
     "WRITER_IDLE_TIMEOUT_S": "QWENWEB_WRITER_IDLE_TIMEOUT_S",
     "TCP_USER_TIMEOUT_S": "QWENWEB_TCP_USER_TIMEOUT_S",
@@ -111,6 +113,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "RING_SIZE": DEFAULT_RING_SIZE,
     "MAX_SUBSCRIBERS": DEFAULT_MAX_SUBSCRIBERS,
     "MAX_QUEUED_BYTES": DEFAULT_MAX_QUEUED_BYTES,
+    "OVERFLOW_GRACE_S": DEFAULT_OVERFLOW_GRACE_S,
     "HEARTBEAT_INTERVAL_S": 15.0,
     "WRITER_IDLE_TIMEOUT_S": 30.0,
     # None: WRITER_IDLE_TIMEOUT_S + TCP_USER_TIMEOUT_GRACE_S; 0: leave the sockets alone.
@@ -173,6 +176,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "RING_SIZE": (int, 1, MAX_EVENT_RING_SIZE),
     "MAX_SUBSCRIBERS": (int, 1, 100_000),
     "MAX_QUEUED_BYTES": (int, 1, MAX_SAFE_INTEGER),
+    "OVERFLOW_GRACE_S": (float, 0, 60),
     "HEARTBEAT_INTERVAL_S": (float, 0.01, 3600),
     "WRITER_IDLE_TIMEOUT_S": (float, 0.01, 3600),
     "TOKEN_LIFETIME_S": (int, 1, 30 * 24 * 3600),
@@ -236,6 +240,7 @@ class QwenwebConfig:
     ring_size: int
     max_subscribers: int
     max_queued_bytes: int
+    overflow_grace_s: float
     heartbeat_interval_s: float
     writer_idle_timeout_s: float
     #: None: derived (:attr:`peer_timeout_s`); 0: off.

@@ -251,13 +251,14 @@ class Backend(ABC):
     ) -> EventBus:
         """A bus for ``session_id`` with this process's limits: ``ring_size`` events,
         ``RING_MAX_BYTES``, ``RING_MAX_AGE_S``, the process budget (docs/protocol.md, "Ring
-        limits"), ``MAX_SUBSCRIBERS`` and ``MAX_QUEUED_BYTES``. Both backends build theirs
-        here (the Redis backend's mirror passes the store's ``epoch``)."""
+        limits"), ``MAX_SUBSCRIBERS``, ``MAX_QUEUED_BYTES`` and ``OVERFLOW_GRACE_S``. Both
+        backends build theirs here (the Redis backend's mirror passes the store's ``epoch``)."""
         config = self.config
         return EventBus(
             ring_size=ring_size,
             max_subscribers=config.max_subscribers,
             max_queued_bytes=config.max_queued_bytes,
+            overflow_grace_s=config.overflow_grace_s,
             start_id=start_id,
             name=session_id,
             epoch=epoch,

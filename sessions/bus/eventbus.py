@@ -15,6 +15,8 @@ Overflow policy (EB-3 ... EB-5)
     75 % of either cap the subscriber gets one ``slow_client_warning`` (re-armed at
     37.5 %); a live frame that does not fit evicts it: it gets a ``client_evicted``
     terminal frame after what is already queued, and is removed from the bus at once.
+    With ``overflow_grace_s`` the warning and the frame cap wait until the subscriber's
+    consumer has stayed away that long (``queue``: no eviction without a slow reader).
     Replay and synthetic frames are *forced*: they bypass both caps and never count
     toward them. One slow subscriber never slows the publisher or its siblings.
 
@@ -119,6 +121,9 @@ class EventBus:
         ring_max_bytes: the ring's byte limit (``>= 1``; docs/protocol.md "Ring limits").
         ring_max_age_s: seconds an event stays in the ring at most; 0: no age limit.
         budget: the process's :class:`RingBudget` the ring counts against, or None.
+        overflow_grace_s: seconds (``>= 0``) a subscriber's queue may stay past 75 % of a
+            cap while its consumer is away before the warning and the frame cap apply
+            (:mod:`sessions.bus.queue`); 0, the default: at once (strict).
 
     Raises:
         ValueError: ``ring_size`` outside ``[1, 1_000_000]`` (the message names the
@@ -139,6 +144,7 @@ class EventBus:
         ring_max_bytes: int = DEFAULT_RING_MAX_BYTES,
         ring_max_age_s: float = 0.0,
         budget: RingBudget | None = None,
+        overflow_grace_s: float = 0.0,
     ) -> None:
         for argument, value in (
             ("ring_size", ring_size),
@@ -170,6 +176,9 @@ class EventBus:
             raise TypeError(f"ring_max_bytes must be a positive int, got {ring_max_bytes!r}")
         if ring_max_age_s < 0:
             raise ValueError(f"ring_max_age_s must be >= 0, got {ring_max_age_s!r}")
+        if not overflow_grace_s >= 0:
+            raise ValueError(f"overflow_grace_s must be >= 0, got {overflow_grace_s!r}")
+        self.overflow_grace_s = overflow_grace_s
         self._ring = Ring(ring_size, ring_max_bytes, ring_max_age_s, budget=budget, name=name)
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
         self._closed = False
@@ -300,10 +309,13 @@ class EventBus:
         evicted: list[tuple[Subscription, str]] = []
         for sub in self._subscribers:
             reason = sub._push(frame)
-            if reason is not None:
+            if reason is None:
+                if sub._check_warning(self.name, event_id):
+                    self._counters.slow_client_warnings += 1
+            else:  # the last event it holds is the one before: ids go up by one
+                if sub._check_warning(self.name, event_id - 1, evicting=True):
+                    self._counters.slow_client_warnings += 1
                 evicted.append((sub, reason))
-            elif sub._check_warning(self.name, event_id):
-                self._counters.slow_client_warnings += 1
         for sub, reason in evicted:
             self._evict(sub, reason, frame)
 
@@ -370,10 +382,12 @@ class EventBus:
         if last_event_id is not None and (not _is_int(last_event_id) or last_event_id < 0):
             raise ValueError(f"last_event_id must be an int >= 0, got {last_event_id!r}")
         if self._closed:
-            return Subscription(None, max_queued, self.max_queued_bytes, label)
+            return Subscription(
+                None, max_queued, self.max_queued_bytes, label, self.overflow_grace_s
+            )
         if len(self._subscribers) >= self.max_subscribers:
             raise SubscriberLimitExceededError(self.max_subscribers)
-        sub = Subscription(self, max_queued, self.max_queued_bytes, label)
+        sub = Subscription(self, max_queued, self.max_queued_bytes, label, self.overflow_grace_s)
         counters = self._counters
         if last_event_id is not None:
             resync, replayed = replay(

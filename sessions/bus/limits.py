@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUED",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_SUBSCRIBERS",
+    "DEFAULT_OVERFLOW_GRACE_S",
     "DEFAULT_RING_MAX_BYTES",
     "DEFAULT_RING_SIZE",
     "EVENT_SCHEMA_VERSION",
@@ -47,6 +48,16 @@ MAX_QUEUED_MAX: Final = 2048
 
 DEFAULT_MAX_QUEUED_BYTES: Final = 2 * 1024 * 1024
 """Per-subscriber cap on live serialized bytes, a bus constructor option (EB-1, EB-3)."""
+
+DEFAULT_OVERFLOW_GRACE_S: Final = 1.0
+"""Seconds a queue may stay past 75 % of a cap while its consumer is away in one ``send``
+before the subscriber counts as slow (warned, then evicted at ``maxQueued``) (EB-3, EB-4).
+
+A reader that keeps up comes back for frames within milliseconds (under granian a
+``send`` returns only once the server's thread gets the interpreter lock back: 2-4 ms
+measured while a publisher holds the loop), so this only has to outlast the server's own
+latency: a pause of the process, a catch-up batch, a garbage collection. The byte cap
+stays hard whatever the grace, which bounds the memory a subscriber holds."""
 
 DEFAULT_MAX_SUBSCRIBERS: Final = 64
 """Concurrent subscribers per session (EB-1, EB-6, EB-16)."""

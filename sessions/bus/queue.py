@@ -10,6 +10,18 @@ Overflow and forced frames (EB-3 ... EB-5)
     item carries its own live/forced tag. A frame handed straight to a consumer that is
     already waiting is not sized at all.
 
+No eviction without a slow reader (EB-3, EB-4)
+    The warning and the ``maxQueued`` cap judge the reader, not the server: with an
+    ``overflow_grace_s`` above 0 they apply only once the queue has stayed past 75 % of a
+    cap for that long while the consumer did not come back for frames (it is away in one
+    ``send`` that its connection blocks). Until then live frames past ``maxQueued`` are
+    queued. Frames that piled up behind a ``send`` that then returned, or behind a burst
+    released at once (a mirror's catch-up, a pause of the process), start a new episode
+    each time the consumer comes back, so a reader that keeps up is never warned or
+    evicted. The byte cap stays hard (memory per subscriber: ``max_queued_bytes`` plus
+    the batch its consumer holds). ``overflow_grace_s == 0`` is the strict rule: the caps
+    apply at once, whatever the consumer does.
+
 Like the bus (EB-11), a subscription belongs to one event loop and is not thread-safe.
 It knows its bus only through the narrow :class:`_Owner` protocol, so this module does
 not import the bus.
@@ -32,6 +44,9 @@ from sessions.bus.limits import WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
 __all__ = ["Subscription", "SubscriptionStats"]
 
 logger = logging.getLogger("qwenweb.bus")
+
+# The overflow grace's clock (monotonic seconds); unit tests replace it to move time.
+_now = time.monotonic
 
 # Keys of a client_evicted frame that its log line always shows; others are appended.
 _LOGGED: Final = frozenset(
@@ -77,6 +92,9 @@ class Subscription:
         label: what log lines call this subscriber (``subscriber=<label>``).
         max_queued: cap on live frames queued (EB-3).
         max_queued_bytes: cap on live serialized bytes queued (EB-3).
+        overflow_grace_s: how long the queue may stay past 75 % of a cap while the
+            consumer is away before the subscriber counts as slow (module docstring); 0:
+            the caps apply at once.
         last_event_id: the id of the last event (a frame with an ``id``) handed out by
             iteration, :meth:`next_nowait` or :meth:`next_frame`; None before any. Synthetic
             frames leave it unchanged, so it is the subscriber's cursor (EB-7, SC-9).
@@ -100,6 +118,9 @@ class Subscription:
         "_items",
         "_live_bytes",
         "_live_count",
+        "_pressure_since",
+        "_pressure_visit",
+        "_visits",
         "_waiter",
         "_warned",
         "bytes_sent",
@@ -109,11 +130,17 @@ class Subscription:
         "last_event_id",
         "max_queued",
         "max_queued_bytes",
+        "overflow_grace_s",
         "since",
     )
 
     def __init__(
-        self, bus: _Owner | None, max_queued: int, max_queued_bytes: int, label: str = "-"
+        self,
+        bus: _Owner | None,
+        max_queued: int,
+        max_queued_bytes: int,
+        label: str = "-",
+        overflow_grace_s: float = 0.0,
     ) -> None:
         self._bus = bus
         self._items: deque[_Item] = deque()
@@ -122,6 +149,12 @@ class Subscription:
         self._live_bytes = 0
         self._warned = False
         self._evicted = False
+        # Times the consumer came for frames, and the visit and moment (``_now``) at which
+        # the queue was last found past 75 % of a cap: the overflow episode (EB-3, EB-4).
+        self._visits = 0
+        self._pressure_visit = -1
+        self._pressure_since = 0.0
+        self.overflow_grace_s = overflow_grace_s
         # Set once nothing more can be queued; iteration ends when the queue is empty.
         self._ended = bus is None
         self._end_reason: str | None = None if bus is not None else "closed"
@@ -140,6 +173,7 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Frame:
+        self._visits += 1
         while not self._items:
             if self._ended:
                 raise StopAsyncIteration
@@ -160,8 +194,10 @@ class Subscription:
         Raises ``StopAsyncIteration`` once the subscription has ended and its queue is
         drained. Like ``__anext__`` it is cancellation-safe (a frame is never lost), and
         it waits with one timer handle instead of an ``asyncio.timeout`` scope, which
-        matters on the per-frame path of the writer.
+        matters on the per-frame path of the writer. Each call (not :meth:`next_nowait`)
+        is the consumer coming back for frames: it ends an overflow episode (EB-3).
         """
+        self._visits += 1
         if not self._items:
             if self._ended:
                 raise StopAsyncIteration
@@ -281,7 +317,7 @@ class Subscription:
             self._items.append(_Item(frame, live=False))
             self._wake()
             return None
-        if self._live_count >= self.max_queued:
+        if self._live_count >= self.max_queued and self._blocked():
             return "queue_overflow"
         if self._live_count > 0 and self._live_bytes + frame.nbytes > self.max_queued_bytes:
             return "queue_bytes_overflow"
@@ -300,11 +336,28 @@ class Subscription:
         self._bus = None
         self._wake()
 
-    def _check_warning(self, session: str, last_event_id: int) -> bool:
+    def _blocked(self) -> bool:
+        """Whether the consumer counts as blocked by its connection (EB-3, EB-4).
+
+        Called only while the queue is past 75 % of a cap. The first call after the
+        consumer came for frames starts an episode; the consumer is blocked once one
+        episode has lasted ``overflow_grace_s`` seconds. Never raises, never awaits.
+        """
+        if self.overflow_grace_s <= 0:
+            return True
+        if self._pressure_visit != self._visits:
+            self._pressure_visit = self._visits
+            self._pressure_since = _now()
+            return False
+        return _now() - self._pressure_since >= self.overflow_grace_s
+
+    def _check_warning(self, session: str, last_event_id: int, *, evicting: bool = False) -> bool:
         """EB-4: warn once per overflow episode, re-arm at 37.5 % of both caps.
 
-        Called after every accepted live push; returns whether it warned (one log line
-        and a forced ``slow_client_warning``).
+        Called after every live push; returns whether it warned (one log line and a forced
+        ``slow_client_warning``). Past 75 % it warns only a consumer that is blocked
+        (:meth:`_blocked`), or when ``evicting`` (the push was refused: the warning goes
+        before ``client_evicted``, as it would have without a grace).
         """
         frames, nbytes = self._live_count, self._live_bytes
         if (
@@ -317,7 +370,7 @@ class Subscription:
             return False
         by_frames = frames >= WARN_THRESHOLD_RATIO * self.max_queued
         by_bytes = nbytes >= WARN_THRESHOLD_RATIO * self.max_queued_bytes
-        if not (by_frames or by_bytes):
+        if not (by_frames or by_bytes) or not (evicting or self._blocked()):
             return False
         self._warned = True
         threshold = (

@@ -42,58 +42,71 @@ class WriterIdleTimeoutError(Exception):
         self.idle_s = idle_s
 
 
-class _Linger:
-    """How long a subscriber the bus evicted may still take its last frames (B21)."""
+class _IdleWatch:
+    """The writer idle timeout: one timer per stream, not an ``asyncio.timeout`` per send.
 
-    __slots__ = ("linger_s", "until")
+    An ``asyncio.timeout`` scope around every ``send`` was a third of the pump's time when
+    each event is its own ``send`` (docs/benchmarks.md, issue 23). Here a ``send`` costs two
+    attribute writes and a clock read; the timer wakes once per ``idle_s`` (or when the
+    pending ``send`` reaches ``idle_s``) and cancels the pump's task only if one ``send``
+    has been pending that long. :func:`pump_frames` turns that cancellation into
+    :class:`WriterIdleTimeoutError`. A subscriber the bus already evicted gets
+    ``linger_s`` more in all, from when the idle bound first passed, so that a reader
+    frozen while it was evicted still reads its last frames (``slow_client_warning``,
+    ``client_evicted``) and the clean end of the body rather than a reset (B21).
+    """
 
-    def __init__(self, linger_s: float) -> None:
-        self.linger_s = linger_s
-        self.until: float | None = None  # loop time; set when first needed
+    __slots__ = (
+        "_handle",
+        "_linger_s",
+        "_linger_until",
+        "_loop",
+        "_subscription",
+        "_task",
+        "fired",
+        "idle_s",
+        "started",
+    )
+
+    def __init__(self, idle_s: float, subscription: Subscription, linger_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None  # pump_frames runs in a task
+        self._task = task
+        self._subscription = subscription
+        self._linger_s = linger_s
+        self._linger_until: float | None = None  # loop time; set when first needed
+        self.idle_s = idle_s
+        self.started: float | None = None  # loop time the pending send began, or None
+        self.fired = False
+        self._handle = self._loop.call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        started, now = self.started, self._loop.time()
+        if started is not None and now - started >= self.idle_s:
+            if self._subscription.evicted:
+                if self._linger_until is None:
+                    self._linger_until = now + self._linger_s
+                if now < self._linger_until:
+                    self._handle = self._loop.call_at(self._linger_until, self._check)
+                    return
+            self.fired = True
+            self._task.cancel()
+            return
+        due = started + self.idle_s if started is not None else now + self.idle_s
+        self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
-async def _send_within(
-    send: Send,
-    message: Message,
-    idle_s: float | None,
-    subscription: Subscription,
-    linger: _Linger,
-) -> None:
-    """``await send(message)``, cancelled after ``idle_s`` without it returning, except
-    for a subscriber already evicted: its ``send`` may wait ``linger.linger_s`` more in
-    all (from when the idle bound first passed), so that a reader that was frozen while
-    it was evicted still reads its last frames (``slow_client_warning``,
-    ``client_evicted``) and the clean end of the body, rather than a reset (B21)."""
-    if idle_s is None:
+async def _send_watched(send: Send, message: Message, watch: _IdleWatch | None) -> None:
+    if watch is None:
         await send(message)
         return
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    fired = False
-    handle: asyncio.TimerHandle
-
-    def expire() -> None:
-        nonlocal fired, handle
-        if subscription.evicted:
-            now = loop.time()
-            if linger.until is None:
-                linger.until = now + linger.linger_s
-            if now < linger.until:
-                handle = loop.call_at(linger.until, expire)
-                return
-        fired = True
-        task.cancel()
-
-    handle = loop.call_later(idle_s, expire)
-    try:
-        await send(message)
-    except asyncio.CancelledError:
-        if fired and task.uncancel() == 0:  # (ours, not the server's own cancellation)
-            raise WriterIdleTimeoutError(idle_s) from None
-        raise
-    finally:
-        handle.cancel()
+    watch.started = watch._loop.time()
+    await send(message)
+    watch.started = None
 
 
 async def pump_frames(
@@ -131,9 +144,33 @@ async def pump_frames(
         observer = _NOBODY
     if encoder is None:
         encoder = FrameEncoder()
-    linger = _Linger(
-        evicted_linger_s if evicted_linger_s is not None else writer_idle_timeout_s or 0.0
+    linger_s = evicted_linger_s if evicted_linger_s is not None else writer_idle_timeout_s or 0.0
+    watch = (
+        None
+        if writer_idle_timeout_s is None
+        else _IdleWatch(writer_idle_timeout_s, subscription, linger_s)
     )
+    try:
+        await _pump(subscription, send, heartbeat_interval_s, observer, encoder, watch)
+    except asyncio.CancelledError:
+        # The watch cancelled the task (and nobody else did): the socket took nothing.
+        task = asyncio.current_task()
+        if watch is not None and watch.fired and task is not None and task.uncancel() == 0:
+            raise WriterIdleTimeoutError(watch.idle_s) from None
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+async def _pump(
+    subscription: Subscription,
+    send: Send,
+    heartbeat_interval_s: float,
+    observer: ConnectionObserver,
+    encoder: FrameEncoder,
+    watch: _IdleWatch | None,
+) -> None:
     while True:
         try:
             frame = await subscription.next_frame(heartbeat_interval_s)
@@ -145,7 +182,7 @@ async def pump_frames(
                 "body": HEARTBEAT,
                 "more_body": True,
             }
-            await _send_within(send, heartbeat, writer_idle_timeout_s, subscription, linger)
+            await _send_watched(send, heartbeat, watch)
             subscription.bytes_sent += len(HEARTBEAT)
             observer.bytes_written(len(HEARTBEAT))
             continue
@@ -170,7 +207,7 @@ async def pump_frames(
                 break
             frame = queued
         body: Message = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
-        await _send_within(send, body, writer_idle_timeout_s, subscription, linger)
+        await _send_watched(send, body, watch)
         subscription.bytes_sent += size  # one add per send: operators' bytes per second
         for index, written in enumerate(frames):
             observer.frame_written(written, chunks[index], payloads[index])

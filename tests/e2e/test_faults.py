@@ -207,7 +207,9 @@ def test_stopped_curl_is_evicted_within_caps_and_its_tail_is_the_eviction_frame(
         data = frame["data"]
         assert data["reason"] == "queue_overflow", data  # 16 frames of 4 KiB: far below 2 MiB
         assert data["maxQueued"] == 16
-        assert data["queueSize"] <= 16
+        # Past the cap for OVERFLOW_GRACE_S while the pump waited on curl's socket (EB-3):
+        # more than 16 may be queued by then, never more than the byte cap.
+        assert data["queueSize"] >= 16
         assert data["queuedBytes"] <= data["maxQueuedBytes"]
         warnings = [e for e in events if e.type == "slow_client_warning"]
         assert len(warnings) == 1, [e.type for e in events if e.type != "big"]

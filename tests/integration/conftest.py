@@ -405,6 +405,18 @@ def qwenweb_settings(settings: Any) -> Callable[..., None]:
 
 
 @pytest.fixture
+def strict_caps(qwenweb_settings: Callable[..., None]) -> None:
+    """Apply the queue caps at once (``OVERFLOW_GRACE_S=0``) for buses built after this.
+
+    Through ``ApplicationCommunicator`` a ``send`` never waits, so these tests stand for a
+    reader that stops reading with a burst published without yielding; under the default
+    grace such a burst is one the reader had no chance to take, and evicts nobody
+    (tests/unit/test_overflow_grace.py).
+    """
+    qwenweb_settings(OVERFLOW_GRACE_S=0)
+
+
+@pytest.fixture
 def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """``caplog`` that also sees the ``qwenweb`` loggers (they do not propagate to root)."""
     logger = logging.getLogger("qwenweb")

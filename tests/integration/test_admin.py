@@ -87,6 +87,7 @@ def cell(html: str, session_id: str, field: str) -> str:
 # -- the session list ------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("strict_caps")
 def test_session_list_shows_the_numbers_of_the_bus_stats(server_loop, staff):
     # EB-10: live numbers come from stats(), read on the server loop
     sid = session(title="busy").id

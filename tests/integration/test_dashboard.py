@@ -182,6 +182,7 @@ async def test_feed_stats_follow_the_bus(make_session, stream_of, operator_strea
     )
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_feed_publishes_warnings_and_evictions_with_their_data(
     make_session, stream_of, operator_stream
 ):
@@ -237,6 +238,7 @@ async def test_records_endpoint_is_for_staff(make_session, make_user, staff_cook
     assert_error(missing, 404, "not_found")  # JSON, like every other error
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_records_endpoint_returns_the_exact_eviction_payload(
     make_session, stream_of, staff_cookie
 ):

@@ -111,6 +111,7 @@ async def test_open_connection_is_written_with_its_counts_so_far(make_session, s
 # -- warnings and evictions: the exact payload the client received ----------------------------
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_eviction_is_recorded_with_the_exact_payloads_the_client_received(
     make_session, stream_of
 ):
@@ -221,6 +222,7 @@ async def test_rejected_max_queued_is_one_log_line_with_the_value(make_session, 
     assert record.getMessage().endswith("value='99999'")
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_eviction_log_line_names_session_and_subscriber(make_session, stream_of, logs):
     # EB-5
     sid = await make_session()

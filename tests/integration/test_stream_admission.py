@@ -311,6 +311,7 @@ async def test_invalid_max_queued_is_400(make_session, stream_of, query):
         ("other=1", 256),
     ],
 )
+@pytest.mark.usefixtures("strict_caps")
 async def test_max_queued_sets_the_subscriber_cap(make_session, stream_of, query, expected):
     # EB-14, EB-4: the cap shows in the slow_client_warning of a burst
     sid = await make_session()

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 # -- EB-4, EB-5 through the route: a client that stops reading ----------------------------
 
 
+@pytest.mark.usefixtures("strict_caps")
 async def test_client_that_stops_reading_is_warned_then_evicted_and_the_body_ends(
     make_session, stream_of
 ):

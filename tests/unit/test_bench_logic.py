@@ -14,7 +14,7 @@ import pytest
 
 from bench import nchan
 from bench.loadgen import Subscriber
-from bench.measure import median_ratio_line
+from bench.measure import correctness, median_ratio_line
 from bench.servers import descendants, parse_stat, tree_stats
 
 
@@ -99,3 +99,9 @@ def test_nchan_conf_keeps_everything_in_its_directory(tmp_path: Path):
     tls = nchan.write_conf(tmp_path, 8124, (tmp_path / "c.pem", tmp_path / "k.pem"), 8125)
     assert "listen 127.0.0.1:8124 ssl http2;" in tls.read_text()
     assert "listen 127.0.0.1:8125;" in tls.read_text()
+
+
+def test_correctness_flags_a_healthy_reader_evicted_but_not_a_stalled_one():
+    # Issue 23: an eviction of a reader that keeps up is the server's failure, even announced.
+    assert correctness({"evicted_subs": 2}) == "**EVICTED 2 subs**"
+    assert correctness({"evicted_subs": 1, "stalled": 1}) == "OK"

@@ -122,3 +122,34 @@ async def test_streams_sharing_an_empty_encoder_frame_each_event_once():
         await asyncio.gather(*pumps)
     assert len(encoder) == 1
     assert bodies[0][0] is bodies[1][0]  # one bytes object, shared
+
+
+async def test_idle_timeout_never_fires_while_the_pump_waits_for_frames():
+    # The writer idle timeout times a pending send, not a quiet session.
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    pump = asyncio.create_task(pump_frames(sub, send, 60, writer_idle_timeout_s=0.02))
+    async with asyncio.timeout(5):
+        await asyncio.sleep(0.1)  # five idle timeouts with nothing to send
+        bus.publish({"type": "t", "data": 1})
+        bus.close()
+        await pump  # returns: no WriterIdleTimeoutError
+    assert len(sent) == 1
+
+
+async def test_pump_cancelled_from_outside_while_sending_stays_cancelled():
+    bus = EventBus(8)
+    sub = bus.subscribe()
+    _, send = stuck_after(0)
+    bus.publish({"type": "t", "data": 1})
+    pump = asyncio.create_task(pump_frames(sub, send, 60, writer_idle_timeout_s=30))
+    await asyncio.sleep(0)  # one step: the pump is inside send
+    pump.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await pump
