@@ -88,6 +88,8 @@ class SessionPage {
         this.cursor = id;
       },
       apply: (frame) => this.handleFrame(frame),
+      markLost: (span) => this.showLost(span),
+      adoptCursor: (snapshot) => this.adoptCursor(snapshot),
       notify: (text, kind) => this.panel.notify(text, kind),
       render: () => this.renderPanel(),
     });
@@ -275,7 +277,13 @@ class SessionPage {
       this.renderPanel();
       return;
     }
-    this.applyEvent(envelope, frame.data.length, this.replaying ? "replay" : "live");
+    this.applyEvent(envelope, frame.data.length, frame.source ?? (this.replaying ? "replay" : "live"));
+  }
+
+  /** After a resync: the stream resumes from the snapshot's cursor and epoch (SC-12). */
+  adoptCursor(snapshot) {
+    if (this.stream === null || snapshot.status === "closed" || !Number.isSafeInteger(snapshot.lastEventId)) return;
+    this.stream.adoptCursor(String(snapshot.lastEventId), snapshot.epoch ?? null);
   }
 
   /** Draw one event (the next id) in the transcript and the log; it becomes the cursor. */
@@ -283,6 +291,7 @@ class SessionPage {
     const id = envelope.id;
     if (this.cursor !== null && id <= this.cursor) return;
     this.cursor = id;
+    if (this.snapshots.shownFrom === null) this.snapshots.shownFrom = id;
     this.transcript.apply(envelope);
     this.log.add({
       id,

@@ -11,7 +11,7 @@
  * tab misses an event or sees one twice. docs/protocol.md, "Many tabs, one stream".
  *
  * `class SharedStream(options)` has the `SessionEventStream` interface (`start()`,
- * `close()`, `drop()`, `pause()`, `resume()`, `state`, `lastEventId`, `epoch`,
+ * `close()`, `drop()`, `pause()`, `resume()`, `adoptCursor()`, `state`, `lastEventId`, `epoch`,
  * `reconnectCount`, `retryMs`, `currentDelayMs`, `paused`) plus `listen()`,
  * `detach(reason)`, `role` ("idle", "electing", "leader", "follower", "own"), `mode`
  * ("locks", "lease", "none") and `tabs` (tabs known to share, the leader's count).
@@ -242,6 +242,21 @@ export class SharedStream {
   resume() {
     this._paused = false;
     if (this._stream !== null) this._stream.resume();
+  }
+
+  /**
+   * Take the cursor of the snapshot a resync rebuilt the view from (SC-12), unless the
+   * cursor is already past it in the same epoch: the cursor never moves back within an
+   * epoch. This tab's stream (leader or own) resumes from it next time. Never throws.
+   * @param {string} lastEventId @param {string|null} epoch
+   */
+  adoptCursor(lastEventId, epoch) {
+    const next = toInteger(lastEventId);
+    const current = toInteger(this._cursor);
+    if (epoch === this._epoch && next !== null && current !== null && next <= current) return;
+    this._cursor = lastEventId;
+    this._epoch = epoch;
+    if (this._stream !== null) this._stream.adoptCursor(lastEventId, epoch);
   }
 
   /**
