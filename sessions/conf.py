@@ -96,6 +96,7 @@ ENV_OVERRIDES: Final = {
     "SESSION_HOLD_TTL_S": "QWENWEB_SESSION_HOLD_TTL_S",
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
+    "CLOSED_HISTORY_S": "QWENWEB_CLOSED_HISTORY_S",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -140,6 +141,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "SESSION_HOLD_TTL_S": 30.0,
     "SNAPSHOT_LIMIT": 500,
     "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
+    "CLOSED_HISTORY_S": 86400.0,  # a day
 }
 
 # key -> (kind, minimum, maximum)
@@ -176,6 +178,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "SESSION_HOLD_TTL_S": (float, 1, 3600),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
+    "CLOSED_HISTORY_S": (float, 0, 10 * 365 * 86400),
 }
 TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 """How much longer than the writer idle timeout the kernel waits for an acknowledgement
@@ -257,6 +260,8 @@ class QwenwebConfig:
     snapshot_limit: int
     #: Byte cap of a snapshot's events (the newest event is answered even if larger).
     snapshot_max_bytes: int
+    #: How long a closed session's history stays readable (snapshot), seconds.
+    closed_history_s: float
 
     @property
     def peer_timeout_s(self) -> float | None:

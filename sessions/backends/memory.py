@@ -13,6 +13,10 @@ last ``CLOSED_KEY_STORES`` closed sessions, so a retried close (or a publish ret
 after the close) still answers its first result. All of it is lost when the process
 restarts, like the ring.
 
+A closed session's bus is kept ``CLOSED_HISTORY_S`` after the close (its ring still
+counted in the process's ring budget), so its snapshot answers the history
+(:mod:`sessions.backends.closed_history`); lost at a restart, like the ring.
+
 One process per database: loading a session *holds* its row for this process
 (``host:pid:token``, renewed every ``SESSION_HOLD_TTL_S / 3``); another memory-backend
 process on the same database refuses that session (503 ``session_held_elsewhere``,
@@ -38,7 +42,9 @@ from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
+from sessions.backends.closed_history import ClosedHistories
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
+from sessions.backends.snapshot import SnapshotPage
 from sessions.bus import Frame
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
@@ -61,6 +67,9 @@ class MemoryBackend(Backend):
         super().__init__(config, hooks)
         self._closed_keys: OrderedDict[str, IdempotencyStore] = OrderedDict()
         self._housekeeper: asyncio.Task[None] | None = None
+        self.closed_histories: ClosedHistories[LiveSession] = ClosedHistories(
+            config.closed_history_s
+        )
 
     async def _load(self, session_id: str) -> LiveSession:
         config = self.config
@@ -174,10 +183,18 @@ class MemoryBackend(Backend):
             live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), held_by=""
         )
         self.registry.pop(session_id)
+        self.closed_histories.keep(session_id, live)
         last_id = live.bus.last_event_id
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
         return published
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """The closed bus kept since its close in this process (``CLOSED_HISTORY_S``)."""
+        live = self.closed_histories.get(row.id)
+        return None if live is None else self._snapshot_page(live, limit, before, 0)
 
     # -- holds and idle unload ---------------------------------------------------------
 
@@ -192,6 +209,7 @@ class MemoryBackend(Backend):
             await asyncio.sleep(interval)
             now = time.monotonic()
             try:
+                self.closed_histories.prune()
                 if config.idle_unload_s:
                     await self.unload_idle(now)
                 if now - renewed_at >= config.session_hold_ttl_s / 3 and len(self.registry):
