@@ -32,7 +32,8 @@
  *
  * Tabs: the tabs of one session share one stream (./shared_stream.js): one tab holds it and
  * posts every frame to the others; Drop, Pause reading and maxQueued give the tab a stream
- * of its own first (said on the page), the other tabs keep sharing. The snapshot is the
+ * of its own first (said on the page), the other tabs keep sharing; after a Drop or a
+ * Pause/Resume it shares again once its stream caught up. The snapshot is the
  * newest events only (`GET /session/<id>`, bounded); "Load earlier events" pages back with
  * `?before=`. A request without response headers after 5 s shows that the browser waits
  * for a free connection (./connection_wait.js). While reading is paused, the page asks the

@@ -295,6 +295,58 @@ describe("SharedStream over Web Locks", () => {
     assert.deepEqual(c.log.events, [1]);
   });
 
+  test("a follower that dropped shares again once its own stream caught up: one stream again", T, async () => {
+    const b = browser();
+    const a = b.tab("a");
+    const c = b.tab("c");
+    a.shared.start({ lastEventId: "0", epoch: "E" });
+    await until(() => a.shared.role === "leader", "a leads");
+    c.shared.start({ lastEventId: "0", epoch: "E" });
+    b.made[0].open();
+    b.made[0].emit(1);
+    await until(() => c.log.events.length === 1, "c has 1");
+    c.shared.drop();
+    const own = b.made[1];
+    assert.equal(c.shared.role, "own");
+    own.open();
+    own.emit(null, "replay_complete"); // its reconnect caught up
+    assert.equal(c.shared.role, "electing");
+    b.made[0].emit(2);
+    await until(() => c.shared.role === "follower", "c follows again");
+    assert.deepEqual(own.calls.slice(-1), ["close"], "its own stream ends");
+    assert.equal(b.made.length, 2, "no new stream");
+    await until(() => a.shared.tabs === 2, "the leader counts it again");
+    assert.deepEqual(c.log.events, [1, "replay_complete", 2]);
+  });
+
+  test("a lone tab's Pause, Resume and a heartbeat: it leads again with the stream it holds", T, async () => {
+    const b = browser();
+    const a = b.tab("a");
+    a.shared.start({ lastEventId: "0", epoch: "E" });
+    await until(() => a.shared.role === "leader", "a leads");
+    const stream = b.made[0];
+    stream.open();
+    a.shared.pause();
+    assert.equal(a.shared.role, "own");
+    stream.options.onComment(""); // a heartbeat while paused: stays apart
+    assert.equal(a.shared.role, "own");
+    a.shared.resume();
+    stream.options.onComment("");
+    await until(() => a.shared.role === "leader", "a leads again");
+    assert.equal(b.made.length, 1, "the same stream, no new request");
+    assert.ok(!stream.calls.includes("close"));
+  });
+
+  test("a maxQueued of its own never shares again", T, async () => {
+    const b = browser();
+    const a = b.tab("a", { own: true });
+    a.shared.start({ lastEventId: "3", epoch: "E" });
+    b.made[0].open();
+    b.made[0].emit(null, "replay_complete");
+    b.made[0].options.onComment("");
+    assert.equal(a.shared.role, "own");
+  });
+
   test("own: never shares, never elects", T, async () => {
     const b = browser();
     const a = b.tab("a", { own: true });
