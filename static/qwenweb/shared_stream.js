@@ -49,6 +49,8 @@ function tryParseJson(data) {
 
 /** Why a tab left the sharing, for which it shares again once its stream caught up. */
 const REJOINING = new Set(["drop", "pause"]);
+/** After Resume, share again by then at the latest (ms), caught up or not. */
+const REJOIN_AFTER_RESUME_MS = 5000;
 
 /** What of a state info can travel over the channel (never an Error object). */
 function portableInfo(info = {}) {
@@ -75,6 +77,7 @@ function portableInfo(info = {}) {
  * @property {Function} [onComment] @property {Function} [onConnectionWait]
  *   As for `SessionEventStream`; a follower gets the leader's, `info.shared` set.
  * @property {Function} [StreamClass]  Default `SessionEventStream`.
+ * @property {(fn: Function, ms: number) => unknown} [setTimeout]  Default the global one.
  * @property {Function} [createChannel]  name → BroadcastChannel-like; default a BroadcastChannel.
  * @property {Function} [createElection]  options → LeaderElection-like; default a LeaderElection.
  */
@@ -117,6 +120,7 @@ export class SharedStream {
     this._waiting = false;
     this._lastInfo = {};
     this._detached = null; // why this tab reads a stream of its own ("drop", "pause", …)
+    this._setTimeout = options.setTimeout ?? ((fn, ms) => globalThis.setTimeout(fn, ms));
   }
 
   // -- the SessionEventStream interface --
@@ -259,6 +263,11 @@ export class SharedStream {
   resume() {
     this._paused = false;
     if (this._stream !== null) this._stream.resume();
+    // Under steady traffic no heartbeat says the backlog is read: share again after a while
+    // anyway (ids missed meanwhile are repaired by the page, SC-14).
+    if (this._role === "own" && REJOINING.has(this._detached)) {
+      this._setTimeout(() => this.rejoin(), REJOIN_AFTER_RESUME_MS);
+    }
   }
 
   /**
@@ -306,7 +315,8 @@ export class SharedStream {
 
   /**
    * Share again after a Drop or a Pause: called when this tab's own stream caught up
-   * (`replay_complete` after its reconnect, or a heartbeat: the server had nothing queued).
+   * (`replay_complete` after its reconnect, or a heartbeat: the server had nothing queued),
+   * and 5 s after a Resume at the latest.
    * The tab competes again with the stream it holds: elected, it keeps that stream as the
    * shared one (no new request); another tab leading, it follows and closes its own (one
    * server stream per browser again). Nothing while paused, for a tab that never shares
