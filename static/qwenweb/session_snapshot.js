@@ -159,6 +159,7 @@ export class SnapshotSync {
       transcript.note("lost", text);
       log.add({ kind: "local", type: "lost", timeMs: Date.now(), note: text });
       this.page.setCursor(null); // a new id sequence: nothing of it is shown yet
+      this.setOlder({ hasOlder: false }); // "load earlier" would draw above the old epoch's events
       this.epoch = snapshot.epoch ?? null;
       this.shownFrom = events.length ? events[0].id : null;
       for (const envelope of snapshot.events) {
