@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: system-deps apt-packages setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
+.PHONY: system-deps apt-packages setup demo test test-postgres test-redis test-python test-js test-browser soak screenshots lint check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,15 @@ test-redis: $(STAMP)
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
 test-browser: $(STAMP) system-deps
 	$(PY) -m pytest -m browser tests/browser
+
+# Long rounds of the timing-dependent browser tests (not part of `make test`, which runs 2
+# rounds of each): QWENWEB_SOAK_ROUNDS rounds (default 20). Tests that have a soak form
+# read that variable; add yours to SOAK_TESTS.
+SOAK_ROUNDS ?= 20
+SOAK_TESTS := tests/browser/test_gap_repair.py
+
+soak: $(STAMP) system-deps
+	QWENWEB_SOAK_ROUNDS=$(SOAK_ROUNDS) $(PY) -m pytest -q $(SOAK_TESTS)
 
 # Re-take docs/session-page-*.png from the browser tests that reach those states: live
 # (1440 px), phone (390 px), evicted while paused and after the recovery, ended.

@@ -107,6 +107,7 @@ ENV_OVERRIDES: Final = {
     "SNAPSHOT_LIMIT": "QWENWEB_SNAPSHOT_LIMIT",
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
     "STREAM_COMPRESSION": "QWENWEB_STREAM_COMPRESSION",
+    "CLOSED_HISTORY_S": "QWENWEB_CLOSED_HISTORY_S",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -169,6 +170,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "SNAPSHOT_MAX_BYTES": 8 * 1024 * 1024,
     # EB-17: gzip the stream when the client accepts it (docs/protocol.md, "Compression").
     "STREAM_COMPRESSION": True,
+    "CLOSED_HISTORY_S": 86400.0,  # a day
 }
 
 # key -> (kind, minimum, maximum)
@@ -214,6 +216,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "SESSION_HOLD_TTL_S": (float, 1, 3600),
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
+    "CLOSED_HISTORY_S": (float, 0, 10 * 365 * 86400),
 }
 TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 """How much longer than the writer idle timeout the kernel waits for an acknowledgement
@@ -313,6 +316,8 @@ class QwenwebConfig:
     snapshot_max_bytes: int
     #: Whether a stream is gzipped when its request accepts it (EB-17; off: never).
     stream_compression: bool
+    #: How long a closed session's history stays readable (snapshot), seconds.
+    closed_history_s: float
 
     @property
     def peer_timeout_s(self) -> float | None:

@@ -54,6 +54,7 @@ from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
+from sessions.models import AgentSession
 from sessions.process_state import process_state
 from sessions.runtime import ServerLoop
 
@@ -402,6 +403,14 @@ class Backend(ABC):
         """
         live = await self.caught_up(live)
         return self._snapshot_page(live, limit, before, None)
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """Return the closed session ``row``'s history still held, within ``CLOSED_HISTORY_S``
+        (``sessions/backends/closed_history.py``), as :meth:`snapshot` pages it; None when
+        none is. Raises :class:`BackendUnavailableError` (shared store)."""
+        return None
 
     def _snapshot_page(
         self, live: LiveSession, limit: int | None, before: int | None, subscribers: int | None

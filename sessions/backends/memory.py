@@ -14,6 +14,10 @@ they expire (``IDEMPOTENCY_TTL_S`` after the close at most), so a retried close 
 publish retried after the close) still answers its first result. All of it is lost when
 the process restarts, like the ring.
 
+A closed session's bus is kept ``CLOSED_HISTORY_S`` after the close (its ring still
+counted in the process's ring budget), so its snapshot answers the history
+(:mod:`sessions.backends.closed_history`); lost at a restart, like the ring.
+
 One process per database: loading a session *holds* its row for this process
 (``host:pid:token``, renewed every ``SESSION_HOLD_TTL_S / 3``); another memory-backend
 process on the same database refuses that session (503 ``session_held_elsewhere``,
@@ -39,7 +43,9 @@ from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
+from sessions.backends.closed_history import ClosedHistories
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore, KeyBudget
+from sessions.backends.snapshot import SnapshotPage
 from sessions.bus import Frame
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
@@ -64,6 +70,9 @@ class MemoryBackend(Backend):
         #: Closed sessions' keys, in closing order: ``session id -> (closed at, store)``.
         self._closed_keys: OrderedDict[str, tuple[float, IdempotencyStore]] = OrderedDict()
         self._housekeeper: asyncio.Task[None] | None = None
+        self.closed_histories: ClosedHistories[LiveSession] = ClosedHistories(
+            config.closed_history_s
+        )
 
     async def _load(self, session_id: str) -> LiveSession:
         config = self.config
@@ -183,6 +192,7 @@ class MemoryBackend(Backend):
             live, status=AgentSession.Status.CLOSED, closed_at=timezone.now(), held_by=""
         )
         self.registry.pop(session_id)
+        self.closed_histories.keep(session_id, live)
         last_id = live.bus.last_event_id
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
@@ -195,6 +205,13 @@ class MemoryBackend(Backend):
         now = self.clock()
         while closed and now - next(iter(closed.values()))[0] >= ttl_s:
             closed.popitem(last=False)[1][1].clear()
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """The closed bus kept since its close in this process (``CLOSED_HISTORY_S``)."""
+        live = self.closed_histories.get(row.id)
+        return None if live is None else self._snapshot_page(live, limit, before, 0)
 
     # -- holds and idle unload ---------------------------------------------------------
 
@@ -210,6 +227,7 @@ class MemoryBackend(Backend):
             now = time.monotonic()
             self._drop_expired_closed_keys()
             try:
+                self.closed_histories.prune()
                 if config.idle_unload_s:
                     await self.unload_idle(now)
                 if now - renewed_at >= config.session_hold_ttl_s / 3 and len(self.registry):

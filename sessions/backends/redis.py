@@ -57,11 +57,13 @@ from sessions.backends.base import (
     Published,
     SnapshotPage,
 )
+from sessions.backends.closed_history import closed_bus, history_kept
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
 from sessions.backends.redis_control import RedisControlled
 from sessions.backends.redis_store import RedisStore, entry_json
 from sessions.bus import (
+    MAX_EVENT_RING_SIZE,
     EventBus,
     Frame,
     encode_envelope,
@@ -104,6 +106,16 @@ class RedisLiveSession(LiveSession):
 # The envelope's first keys, in their fixed order ("Frames"): the type is read from them
 # without parsing the (possibly large) rest.
 _TYPE_PREFIX = re.compile(rb'\{"v":\d+,"type":("(?:[^"\\]|\\.)*")')
+
+
+def _contiguous_tail(entries: tuple[tuple[int, bytes], ...]) -> int:
+    """The index where the contiguous run of ids that ends the stream starts (0 if empty): a
+    hole (ids the stream lost) must read as "evicted" to older cursors (EB-7), never be
+    replayed across."""
+    start = len(entries) - 1
+    while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
+        start -= 1
+    return max(0, start)
 
 
 def _frame_from_entry(event_id: int, body: bytes) -> Frame:
@@ -292,11 +304,7 @@ class RedisBackend(RedisControlled):
             raise BackendUnavailableError("Redis lost the session's data while loading it")
         entries = window.entries
         first_id = window.first_id
-        # Keep the contiguous run of ids that ends the stream: a hole (ids the stream
-        # lost) must read as "evicted" to older cursors (EB-7), never be replayed across.
-        start = len(entries) - 1
-        while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
-            start -= 1
+        start = _contiguous_tail(entries)
         if entries and start > 0:
             logger.warning(
                 "stream_hole session=%s kept_from=%d dropped_entries=%d",
@@ -321,6 +329,31 @@ class RedisBackend(RedisControlled):
             bus.last_event_id,
             len(entries),
         )
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """The closed session's stream while Redis keeps it (it expires ``CLOSED_HISTORY_S``
+        after the close) and the row's close is within ``CLOSED_HISTORY_S``."""
+        if not history_kept(row.closed_at, self.config.closed_history_s):
+            return None
+        window = await self.store().window(row.id)
+        entries = window.entries[_contiguous_tail(window.entries) :]
+        if not window.head.closed or not entries:
+            return None
+        ring_size = min(MAX_EVENT_RING_SIZE, max(row.ring_size or 0, len(entries)))
+        bus = self.new_bus(row.id, ring_size, start_id=entries[0][0], epoch=window.head.epoch)
+        frames = (_frame_from_entry(event_id, body) for event_id, body in entries)
+        live = LiveSession(
+            session_id=row.id,
+            title=row.title,
+            owner_id=row.owner_id,
+            bus=closed_bus(bus, frames),
+            reserved_until=0,
+            created_at=row.created_at.isoformat(),
+            ring_size=ring_size,
+        )
+        return self._snapshot_page(live, limit, before, 0)
 
     def _drop_mirror(self, live: LiveSession, reason: str) -> None:
         """Forget a mirror that no longer matches Redis; its subscribers reconnect."""
@@ -391,6 +424,7 @@ class RedisBackend(RedisControlled):
                 idempotency=idempotency,
                 idempotency_ttl_s=config.idempotency_ttl_s,
                 idempotency_max_keys=config.idempotency_max_keys,
+                closed_ttl_ms=int(config.closed_history_s * 1000),
             )
             if outcome.status == "replay":
                 assert outcome.remembered is not None

@@ -51,8 +51,9 @@ __all__ = [
     "parse_remembered",
 ]
 
-#: How long a closed session's stream stays in Redis (ms): long enough for every process's
-#: reader to deliver ``session_closed``. Its small meta hash stays (a tombstone), so the
+#: How long a closed session's stream stays in Redis at least (ms): long enough for every
+#: process's reader to deliver ``session_closed``; ``CLOSED_HISTORY_S`` when longer (its
+#: history stays readable that long). Its small meta hash stays (a tombstone), so the
 #: session can never be reopened by a publish even if writing the row failed.
 CLOSED_KEYS_TTL_MS: Final = 3_600_000
 

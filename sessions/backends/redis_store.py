@@ -313,6 +313,7 @@ class RedisStore:
         idempotency_max_keys: int = 10_000,
         max_bytes: int = DEFAULT_RING_MAX_BYTES,
         max_age_s: float = 0.0,
+        closed_ttl_ms: int = CLOSED_KEYS_TTL_MS,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring, then trim it to
         ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
@@ -320,14 +321,15 @@ class RedisStore:
 
         ``body`` is the compact JSON envelope without ``id`` (it must start with ``{"v":``).
         ``close`` marks the session closed after this event (``session_closed``) and lets
-        its keys expire after ``CLOSED_KEYS_TTL_MS``. ``known_last_id``: the highest id the
-        caller knows was issued; if Redis's last id is below it, Redis went back in time
-        (restored from an older snapshot) and nothing is appended (status ``stale``): an id
-        must never be issued twice in one epoch. ``idempotency``: a key already stored for
-        the session (younger than ``idempotency_ttl_s``) appends nothing and answers
-        status ``replay`` with its first result; a new key is stored with the new id, at
-        most ``idempotency_max_keys`` per session (oldest dropped), all in the same script.
-        The caller compares digests. Raises :class:`BackendUnavailableError`.
+        its stream expire after ``closed_ttl_ms`` (at least ``CLOSED_KEYS_TTL_MS``).
+        ``known_last_id``: the highest id the caller knows was issued; if Redis's last id is
+        below it, Redis went back in time (restored from an older snapshot) and nothing is
+        appended (status ``stale``): an id must never be issued twice in one epoch.
+        ``idempotency``: a key already stored for the session (younger than
+        ``idempotency_ttl_s``) appends nothing and answers status ``replay`` with its first
+        result; a new key is stored with the new id, at most ``idempotency_max_keys`` per
+        session (oldest dropped), all in the same script. The caller compares digests.
+        Raises :class:`BackendUnavailableError`.
         """
         keys = [
             self.meta_key(session_id),
@@ -339,7 +341,7 @@ class RedisStore:
             ring_size,
             "1" if close else "0",
             known_last_id,
-            CLOSED_KEYS_TTL_MS,
+            max(CLOSED_KEYS_TTL_MS, closed_ttl_ms),
             idempotency.key if idempotency is not None else "",
             idempotency.digest if idempotency is not None else "",
             _now_ms(),

@@ -39,6 +39,7 @@ from sessions.backends.base import (
     QuotaExceededError,
     SessionClosedError,
     SessionNotFoundError,
+    SnapshotPage,
 )
 from sessions.bus import (
     DEFAULT_MAX_QUEUED,
@@ -304,9 +305,10 @@ async def load_session(
     as it is read (``SnapshotPage.chunks``). 400 ``invalid_request`` (``field`` ``limit`` or
     ``before``) for a value that is not an integer in range (``compact``: not 0 or 1);
     ``compact=1`` merges runs of token events (:meth:`SnapshotPage.compacted`, the same
-    ``limit`` of raw events); 404 unknown; a closed session
-    answers the same shape with ``"status": "closed"``, no epoch and no events. The
-    snapshot holds every event published before the request, on any process.
+    ``limit`` of raw events); 404 unknown; a closed session answers the same shape with
+    ``"status": "closed"`` and ``closedAt``: the history the backend still holds
+    (``CLOSED_HISTORY_S``), else no epoch and no events. The snapshot holds every event
+    published before the request, on any process.
     """
     session_id = _session_id_or_404(session_id)
     limit = _query_int(request, "limit", SNAPSHOT_MAX_LIMIT)
@@ -316,30 +318,39 @@ async def load_session(
     try:
         live = await _open_session(principal, session_id, "read")
         page = await get_backend().snapshot(live, limit=limit, before=before)
-        if compact:
-            page = page.compacted()
     except SessionClosedError:
-        row = await _row_or_404(session_id)
-        return JsonResponse(
-            {
-                "id": row.id,
-                "title": row.title,
-                "status": row.status,
-                "createdAt": row.created_at.isoformat(),
-                "closedAt": row.closed_at.isoformat() if row.closed_at else None,
-                "lastEventId": row.last_event_id,
-                "epoch": None,
-                "subscriberCount": 0,
-                "ringSize": row.ring_size or get_config().ring_size,
-                "earliestAvailableId": None,
-                "firstEventId": None,
-                "hasOlder": False,
-                "events": [],
-            }
-        )
+        page = await _closed_snapshot(await _row_or_404(session_id), limit, before)
+    if compact:
+        page = page.compacted()
     if request.method == "HEAD":
         return HttpResponse(content_type="application/json")
     return StreamingHttpResponse(_aiter(page.chunks()), content_type="application/json")
+
+
+async def _closed_snapshot(
+    row: AgentSession, limit: int | None, before: int | None
+) -> SnapshotPage:
+    """A closed session's snapshot: the history the backend still holds (``CLOSED_HISTORY_S``)
+    with ``closedAt``, else the same shape with no events and no epoch."""
+    closed_at = row.closed_at.isoformat() if row.closed_at else None
+    page = await get_backend().closed_snapshot(row, limit=limit, before=before)
+    if page is not None:
+        return SnapshotPage({**page.head, "closedAt": closed_at}, page.events)
+    head = {
+        "id": row.id,
+        "title": row.title,
+        "status": row.status,
+        "createdAt": row.created_at.isoformat(),
+        "closedAt": closed_at,
+        "lastEventId": row.last_event_id,
+        "epoch": None,
+        "subscriberCount": 0,
+        "ringSize": row.ring_size or get_config().ring_size,
+        "earliestAvailableId": None,
+        "firstEventId": None,
+        "hasOlder": False,
+    }
+    return SnapshotPage(head, ())
 
 
 async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

@@ -189,6 +189,11 @@ export class FrameLog {
     this.follower.kick();
   }
 
+  /** Grey the rows kept so far (class `row-stale`): the view was continued after a resync. */
+  retire() {
+    for (const row of this.body.rows) row.classList.add("row-stale");
+  }
+
   /** The kept rows as NDJSON text (one JSON object per line, oldest first). */
   toNdjson() {
     return this.records.map((record) => JSON.stringify(record)).join("\n") + (this.records.length ? "\n" : "");

@@ -17,7 +17,9 @@
  *     opens with the snapshot's `lastEventId` and `epoch` as its cursor (SC-9, EB-13,
  *     EB-17), so events published in between come as replay.
  *  3. Each event id is applied at most once and in order: an id at or below the view's cursor
- *     is a duplicate and skipped (replay after a drop, the snapshot/replay overlap).
+ *     is a duplicate and skipped (replay after a drop, the snapshot/replay overlap). An id
+ *     above the next one is a gap: the range is fetched from the snapshot, raw, while the
+ *     frames after it are held (SC-14, ./gap_repair.js).
  *  4. `state_resync_required` (SC-12): frames are held, the snapshot is loaded again, the
  *     transcript and the log are rebuilt from it (its `lastEventId` becomes the view's cursor)
  *     and the held frames are applied on top: no row twice, none missing
@@ -30,7 +32,8 @@
  *
  * Tabs: the tabs of one session share one stream (./shared_stream.js): one tab holds it and
  * posts every frame to the others; Drop, Pause reading and maxQueued give the tab a stream
- * of its own first (said on the page), the other tabs keep sharing. The snapshot is the
+ * of its own first (said on the page), the other tabs keep sharing; after a Drop or a
+ * Pause/Resume it shares again once its stream caught up. The snapshot is the
  * newest events only (`GET /session/<id>`, bounded); "Load earlier events" pages back with
  * `?before=`. A request without response headers after 5 s shows that the browser waits
  * for a free connection (./connection_wait.js). While reading is paused, the page asks the
@@ -46,6 +49,7 @@ import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
 import { clip, describeEvent, isObject, serverTime, streamErrorText } from "./envelopes.js";
 import { FrameLog, formatTime, setText } from "./frame_log.js";
+import { GapRepair } from "./gap_repair.js";
 import { PausedReaderWatch } from "./paused_reader.js";
 import { PublishConsole } from "./publish_console.js";
 import { HttpError, TokenSource, fetchSnapshot } from "./session_requests.js";
@@ -85,8 +89,18 @@ class SessionPage {
         this.cursor = id;
       },
       apply: (frame) => this.handleFrame(frame),
+      markLost: (span) => this.showLost(span),
+      adoptCursor: (snapshot) => this.adoptCursor(snapshot),
       notify: (text, kind) => this.panel.notify(text, kind),
       render: () => this.renderPanel(),
+    });
+    this.gaps = new GapRepair({
+      load: (query) => this.loadSnapshot(query),
+      applyEvent: (envelope) => this.applyEvent(envelope, JSON.stringify(envelope).length, "repair"),
+      applyLost: (span) => this.showLost(span),
+      applyFrame: (frame) => this.handleFrame(frame),
+      resync: (held, why) => this.resyncAfterGap(held, why),
+      epoch: () => (this.stream !== null ? this.stream.epoch : null),
     });
     this.readerWatch = new PausedReaderWatch({
       url: config.urls.reader
@@ -117,7 +131,7 @@ class SessionPage {
     this.openStream("", null, { start: false });
     let snapshot = null;
     try {
-      snapshot = await this.loadSnapshot(snapshotQuery());
+      snapshot = await this.loadSnapshot(snapshotQuery("", { initial: true }));
     } catch (error) {
       if (error instanceof HttpError && [401, 403, 404].includes(error.status)) {
         this.stream.close(); // leaves the other tabs; this page streams nothing
@@ -218,6 +232,7 @@ class SessionPage {
     this.framesReceived += 1;
     if (frame.type === "state_resync_required") {
       this.snapshots.startHolding(); // hold every frame until the view is rebuilt (SC-12)
+      for (const held of this.gaps.abort()) this.snapshots.hold(held); // the rebuild covers the gap
       this.panel.showSignal("resync", frame.json, "loading the snapshot…");
     }
     if (this.snapshots.holding) {
@@ -228,8 +243,16 @@ class SessionPage {
     this.renderPanel();
   }
 
-  /** Apply one frame to the view: events once each and in order, synthetic frames as signals. */
+  /**
+   * Apply one frame to the view: events once each and in order, synthetic frames as
+   * signals. A jump in the ids holds this frame and the next ones until the missing range
+   * is fetched and applied (SC-14, ./gap_repair.js).
+   */
   handleFrame(frame) {
+    if (this.gaps.active) {
+      this.gaps.hold(frame); // applied in order once the gap before it is repaired
+      return;
+    }
     const envelope = frame.json;
     if (frame.id === null) {
       this.handleSynthetic(frame.type, isObject(envelope) ? envelope : null, frame.data);
@@ -245,17 +268,55 @@ class SessionPage {
       return;
     }
     if (this.cursor !== null && id !== this.cursor + 1) {
-      this.log.add({ kind: "local", type: "gap", timeMs: Date.now(), note: `expected #${this.cursor + 1}, got #${id}` });
+      this.log.add({
+        kind: "local",
+        type: "gap",
+        timeMs: Date.now(),
+        note: `expected #${this.cursor + 1}, got #${id}: fetching #${this.cursor + 1}–${id - 1} (SC-14)`,
+      });
+      this.gaps.start(this.cursor, frame);
+      this.renderPanel();
+      return;
     }
+    this.applyEvent(envelope, frame.data.length, frame.source ?? (this.replaying ? "replay" : "live"));
+  }
+
+  /** After a resync: the stream resumes from the snapshot's cursor and epoch (SC-12). */
+  adoptCursor(snapshot) {
+    if (this.stream === null || snapshot.status === "closed" || !Number.isSafeInteger(snapshot.lastEventId)) return;
+    this.stream.adoptCursor(String(snapshot.lastEventId), snapshot.epoch ?? null);
+  }
+
+  /** Draw one event (the next id) in the transcript and the log; it becomes the cursor. */
+  applyEvent(envelope, size, source) {
+    const id = envelope.id;
+    if (this.cursor !== null && id <= this.cursor) return;
     this.cursor = id;
+    if (this.snapshots.shownFrom === null) this.snapshots.shownFrom = id;
     this.transcript.apply(envelope);
     this.log.add({
       id,
-      type: frame.type,
+      type: String(envelope.type),
       timeMs: serverTime(envelope),
-      source: this.replaying ? "replay" : "live",
-      note: describeEvent(envelope, frame.data.length),
+      source,
+      note: describeEvent(envelope, size),
     });
+  }
+
+  /** A range the ring no longer holds: said in the transcript and the log at its place (SC-14). */
+  showLost({ from, to }) {
+    const span = from === to ? `#${from}` : `#${from}–${to}`;
+    this.transcript.note("lost", `${span} no longer on the server`);
+    this.log.add({ kind: "local", type: "lost", timeMs: Date.now(), note: `${span} no longer on the server` });
+    this.cursor = to;
+  }
+
+  /** The gap could not be repaired: rebuild from the snapshot, then apply `held` (SC-12). */
+  resyncAfterGap(held, why) {
+    this.log.add({ kind: "local", type: "gap not repaired", timeMs: Date.now(), note: `${why}; resyncing` });
+    this.snapshots.startHolding();
+    for (const frame of held) this.snapshots.hold(frame);
+    this.snapshots.resync();
   }
 
   handleSynthetic(type, envelope, raw) {

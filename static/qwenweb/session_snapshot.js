@@ -6,16 +6,24 @@
  * into the transcript and the frame log, and the snapshot's `lastEventId` becomes the
  * view's cursor (step 2 of session_page.js's flow). On a resync it holds every frame the
  * stream delivers from the `state_resync_required` on, loads the snapshot again (3
- * attempts; a 403 or 404 gives up at once), rebuilds the view from it, and then hands the
- * held frames to the page, which skips those the snapshot already had: no row twice, none
- * missing. A resync asked for while one runs makes it load once more when it is done.
+ * attempts; a 403 or 404 gives up at once) and continues the view from it without throwing
+ * anything on screen away (`continueFrom`): in the same epoch, what the ring lost since
+ * the cursor is marked "#21–90 no longer on the server" (what was shown stays, greyed) and
+ * the snapshot's events follow (a part of the ring beyond the snapshot's page is fetched
+ * as a gap, SC-14); after a restart (another epoch) everything shown stays, greyed and
+ * marked, and the new history starts below. Then it hands the held frames to the page,
+ * which skips those the snapshot already had: no row twice, none missing. A resync asked
+ * for while one runs makes it load once more when it is done.
  * "Load earlier events" pages back with `?before=<first id shown>` and draws that page
  * above the transcript, unless a rebuild moved that first id meanwhile.
  *
- * Compacted history: the start, the resync and "Load earlier events" ask for the compacted
- * snapshot (`compact=1`, docs/protocol.md "Compacted history"), unless the page's own URL
- * says `?compact=0`; `expandEntry` turns a compacted entry back into what the transcript
- * applies, and the frame log shows it as one row `a–b`. (Gap repair asks for raw pages.)
+ * Compacted history: "Load earlier events" asks for the compacted snapshot (`compact=1`,
+ * docs/protocol.md "Compacted history") unless the page's own URL says `?compact=0`, and
+ * the first load does when it says `?compact=1`; `expandEntry` turns a compacted entry
+ * back into what the transcript applies, and the frame log shows it as one row `a–b`. The
+ * first load is raw by default so that the frame log stays one row per event id; the
+ * resync continues the view event by event (SC-12) and gap repair (SC-14) asks for raw
+ * pages too.
  */
 import { describeEvent, isObject, serverTime } from "./envelopes.js";
 import { h } from "./frame_log.js";
@@ -24,12 +32,20 @@ import { Transcript } from "./transcript.js";
 
 const SNAPSHOT_ATTEMPTS = 3;
 
+/** A snapshot's event as the page applies a frame (`source` "snapshot"). */
+function snapshotFrame(envelope) {
+  const data = JSON.stringify(envelope);
+  return { id: String(envelope.id), type: String(envelope.type), data, json: envelope, source: "snapshot" };
+}
+
 /**
  * The snapshot query for `params` (e.g. "before=120"): compacted unless the page was opened
- * with `?compact=0`. Returns "" or "?…".
+ * with `?compact=0`; with `initial` (the first load) raw unless it was opened with
+ * `?compact=1`. Returns "" or "?…".
  */
-export function snapshotQuery(params = "") {
-  const raw = new URLSearchParams(globalThis.location ? globalThis.location.search : "").get("compact") === "0";
+export function snapshotQuery(params = "", { initial = false } = {}) {
+  const asked = new URLSearchParams(globalThis.location ? globalThis.location.search : "").get("compact");
+  const raw = initial ? asked !== "1" : asked === "0";
   const query = [params, raw ? "" : "compact=1"].filter(Boolean).join("&");
   return query ? `?${query}` : "";
 }
@@ -59,7 +75,11 @@ export function expandEntry(entry) {
  * @param {import("./frame_log.js").FrameLog} page.log
  * @param {() => number|null} page.cursor  The highest event id applied to the view.
  * @param {(id: number) => void} page.setCursor
- * @param {(frame: object) => void} page.apply  Apply one frame held during a resync.
+ * @param {(frame: object) => void} page.apply  Apply one frame held during a resync (or one
+ *   of the snapshot's events continuing the view).
+ * @param {(span: {from: number, to: number}) => void} page.markLost  Show a span the ring lost.
+ * @param {(snapshot: object) => void} page.adoptCursor  The stream resumes from the
+ *   snapshot's `lastEventId` and `epoch` (the connection panel shows them).
  * @param {(text: string, kind?: string) => void} page.notify
  * @param {() => void} page.render  Redraw the connection panel.
  */
@@ -75,6 +95,8 @@ export class SnapshotSync {
     this.lastRebuild = null;
     this.olderBefore = null; // `before=` of the next "load earlier" page, null when none
     this.earlier = null;
+    this.epoch = null; // the epoch of the events shown
+    this.shownFrom = null; // the first event id shown (the top of the transcript)
   }
 
   /** Make the "Load earlier events" button, above the transcript element `transcript`. */
@@ -106,8 +128,8 @@ export class SnapshotSync {
     let count = 0;
     for (const envelope of snapshot.events) {
       if (!isObject(envelope)) continue;
-      for (const part of expandEntry(envelope)) transcript.apply(part);
       if (envelope.type === "compacted") {
+        for (const part of expandEntry(envelope)) transcript.apply(part);
         count += Number.isSafeInteger(envelope.count) ? envelope.count : 1;
         log.add({
           id: `${envelope.firstId}–${envelope.lastId}`,
@@ -117,14 +139,9 @@ export class SnapshotSync {
           note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
         });
       } else if (envelope.id === undefined || envelope.id === null) {
-        const data = isObject(envelope.data) ? envelope.data : {};
-        log.add({
-          kind: "synthetic",
-          type: String(envelope.type),
-          source: "snapshot",
-          note: envelope.type === "history_truncated" ? `events before #${data.earliestAvailableId} are gone` : "",
-        });
+        this.drawSynthetic(envelope);
       } else {
+        transcript.apply(envelope);
         count += 1;
         log.add({
           id: envelope.id,
@@ -138,7 +155,75 @@ export class SnapshotSync {
     if (Number.isSafeInteger(snapshot.lastEventId)) this.page.setCursor(snapshot.lastEventId);
     if (snapshot.status === "closed") transcript.note("closed", "This session is closed.");
     this.lastRebuild = { lastEventId: this.page.cursor(), count };
+    this.epoch = snapshot.epoch ?? null;
+    this.shownFrom = Number.isSafeInteger(snapshot.firstEventId) ? snapshot.firstEventId : null;
     this.setOlder(snapshot);
+  }
+
+  /** Draw a synthetic entry of a snapshot (`history_truncated`) in the transcript and the log. */
+  drawSynthetic(envelope) {
+    const data = isObject(envelope.data) ? envelope.data : {};
+    this.page.transcript.apply(envelope);
+    this.page.log.add({
+      kind: "synthetic",
+      type: String(envelope.type),
+      source: "snapshot",
+      note: envelope.type === "history_truncated" ? `events before #${data.earliestAvailableId} are gone` : "",
+    });
+  }
+
+  /**
+   * Continue the view from a snapshot loaded for a resync, keeping what is shown (SC-12).
+   * Same epoch: the span the ring lost after the cursor is marked and the events above the
+   * cursor are applied in order (the page fetches a part beyond this page as a gap,
+   * SC-14). Another epoch (a restart): what is shown is kept greyed under a marker and the
+   * snapshot is drawn below it; its `lastEventId` becomes the cursor. An empty view is
+   * simply rebuilt.
+   */
+  continueFrom(snapshot) {
+    const cursor = this.page.cursor();
+    if (cursor === null) {
+      this.rebuild(snapshot);
+      return;
+    }
+    const { transcript, log } = this.page;
+    const events = snapshot.events.filter((e) => isObject(e) && Number.isSafeInteger(e.id));
+    const sameEpoch = this.epoch !== null && snapshot.epoch === this.epoch;
+    if (sameEpoch) {
+      const earliest = Number.isSafeInteger(snapshot.earliestAvailableId) ? snapshot.earliestAvailableId : cursor + 1;
+      if (earliest > cursor + 1) {
+        transcript.retire();
+        log.retire();
+        this.page.markLost({ from: cursor + 1, to: earliest - 1 });
+      }
+    } else {
+      transcript.retire();
+      log.retire();
+      const shown = this.shownFrom !== null && this.shownFrom <= cursor ? `#${this.shownFrom}–${cursor}` : `#${cursor}`;
+      const text = `${shown} no longer on the server (it restarted); the history continues below`;
+      transcript.note("lost", text);
+      log.add({ kind: "local", type: "lost", timeMs: Date.now(), note: text });
+      this.page.setCursor(null); // a new id sequence: nothing of it is shown yet
+      this.setOlder({ hasOlder: false }); // "load earlier" would draw above the old epoch's events
+      this.epoch = snapshot.epoch ?? null;
+      this.shownFrom = events.length ? events[0].id : null;
+      for (const envelope of snapshot.events) {
+        if (isObject(envelope) && envelope.type === "history_truncated") this.drawSynthetic(envelope);
+      }
+    }
+    let count = 0;
+    for (const envelope of events) {
+      if (this.page.cursor() !== null && envelope.id <= this.page.cursor()) continue;
+      count += 1;
+      this.page.apply(snapshotFrame(envelope));
+    }
+    const lastEventId = Number.isSafeInteger(snapshot.lastEventId) ? snapshot.lastEventId : this.page.cursor();
+    if (!sameEpoch && lastEventId !== null && (this.page.cursor() === null || this.page.cursor() < lastEventId)) {
+      this.page.setCursor(lastEventId);
+    }
+    if (snapshot.status === "closed") transcript.note("closed", "This session is closed.");
+    this.lastRebuild = { lastEventId, count };
+    this.page.adoptCursor(snapshot);
   }
 
   /** SC-12: reload the snapshot, rebuild the view, then apply the frames held meanwhile. */
@@ -155,7 +240,7 @@ export class SnapshotSync {
         failure = null;
         for (let attempt = 1; attempt <= SNAPSHOT_ATTEMPTS; attempt += 1) {
           try {
-            this.rebuild(await this.page.load(snapshotQuery()));
+            this.continueFrom(await this.page.load(""));
             break;
           } catch (error) {
             failure = error;
@@ -224,6 +309,7 @@ export class SnapshotSync {
       timeMs: Date.now(),
       note: ids.length ? `${drawn} earlier events drawn above (#${ids[0]}–#${ids.at(-1)})` : "no earlier events",
     });
+    if (ids.length) this.shownFrom = ids[0];
     this.setOlder({ ...olderPage, hasOlder: olderPage.hasOlder && ids.length > 0 });
   }
 }

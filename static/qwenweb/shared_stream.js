@@ -10,11 +10,15 @@
  * with the last id and epoch it applied: the server replays what came after (EB-7), so no
  * tab misses an event or sees one twice. docs/protocol.md, "Many tabs, one stream".
  *
+ * A tab's own controls (Drop, Pause) detach it onto a stream of its own; once that stream
+ * caught up (`replay_complete`, a heartbeat) and the tab is not paused, it competes again
+ * and either leads with that stream or follows and closes it (`rejoin()`).
+ *
  * `class SharedStream(options)` has the `SessionEventStream` interface (`start()`,
- * `close()`, `drop()`, `pause()`, `resume()`, `state`, `lastEventId`, `epoch`,
- * `reconnectCount`, `retryMs`, `currentDelayMs`, `paused`) plus `listen()`,
- * `detach(reason)`, `role` ("idle", "electing", "leader", "follower", "own"), `mode`
- * ("locks", "lease", "none") and `tabs` (tabs known to share, the leader's count).
+ * `close()`, `drop()`, `pause()`, `resume()`, `adoptCursor()`, `state`, `lastEventId`,
+ * `epoch`, `reconnectCount`, `retryMs`, `currentDelayMs`, `paused`) plus `listen()`,
+ * `detach(reason)`, `rejoin()`, `role` ("idle", "electing", "leader", "follower", "own"),
+ * `mode` ("locks", "lease", "none") and `tabs` (tabs known to share, the leader's count).
  *
  * Frames on the channel are `{k: "frame", from, frame: {type, data, lastEventId, id},
  * epoch}`; followers skip a frame whose id is at or below their cursor, so a second
@@ -43,6 +47,11 @@ function tryParseJson(data) {
   }
 }
 
+/** Why a tab left the sharing, for which it shares again once its stream caught up. */
+const REJOINING = new Set(["drop", "pause"]);
+/** After Resume, share again by then at the latest (ms), caught up or not. */
+const REJOIN_AFTER_RESUME_MS = 5000;
+
 /** What of a state info can travel over the channel (never an Error object). */
 function portableInfo(info = {}) {
   const out = {};
@@ -68,6 +77,7 @@ function portableInfo(info = {}) {
  * @property {Function} [onComment] @property {Function} [onConnectionWait]
  *   As for `SessionEventStream`; a follower gets the leader's, `info.shared` set.
  * @property {Function} [StreamClass]  Default `SessionEventStream`.
+ * @property {(fn: Function, ms: number) => unknown} [setTimeout]  Default the global one.
  * @property {Function} [createChannel]  name → BroadcastChannel-like; default a BroadcastChannel.
  * @property {Function} [createElection]  options → LeaderElection-like; default a LeaderElection.
  */
@@ -109,6 +119,8 @@ export class SharedStream {
     this._leaderId = null;
     this._waiting = false;
     this._lastInfo = {};
+    this._detached = null; // why this tab reads a stream of its own ("drop", "pause", …)
+    this._setTimeout = options.setTimeout ?? ((fn, ms) => globalThis.setTimeout(fn, ms));
   }
 
   // -- the SessionEventStream interface --
@@ -165,13 +177,17 @@ export class SharedStream {
   listen() {
     if (this._listening || this._closed || this._options.own || this._createChannel === null) return this;
     this._listening = true;
+    this._joinChannel();
+    return this;
+  }
+
+  _joinChannel() {
     try {
       this._channel = this._createChannel(`qwenweb-stream:${this._options.key}`);
       this._channel.onmessage = (event) => this._onMessage(event.data);
     } catch {
       this._channel = null;
     }
-    return this;
   }
 
   /**
@@ -197,6 +213,12 @@ export class SharedStream {
     this._setRole("electing", {});
     this._setState("connecting", { reason: "shared_waiting", shared: true });
     for (const message of held) this._onMessage(message);
+    this._compete();
+    return this;
+  }
+
+  /** Say hello to the tabs and stand for leader (the stream's holder). */
+  _compete() {
     this._post({ k: "hello", from: this._tabId });
     this._election = this._createElection({
       name: `qwenweb-stream:${this._options.key}`,
@@ -205,7 +227,6 @@ export class SharedStream {
       onDeposed: () => this._deposed(),
     });
     this._election.start();
-    return this;
   }
 
   /** Stop for good: close the stream, leave the channel, hand over. Idempotent. */
@@ -242,6 +263,26 @@ export class SharedStream {
   resume() {
     this._paused = false;
     if (this._stream !== null) this._stream.resume();
+    // Under steady traffic no heartbeat says the backlog is read: share again after a while
+    // anyway (ids missed meanwhile are repaired by the page, SC-14).
+    if (this._role === "own" && REJOINING.has(this._detached)) {
+      this._setTimeout(() => this.rejoin(), REJOIN_AFTER_RESUME_MS);
+    }
+  }
+
+  /**
+   * Take the cursor of the snapshot a resync rebuilt the view from (SC-12), unless the
+   * cursor is already past it in the same epoch: the cursor never moves back within an
+   * epoch. This tab's stream (leader or own) resumes from it next time. Never throws.
+   * @param {string} lastEventId @param {string|null} epoch
+   */
+  adoptCursor(lastEventId, epoch) {
+    const next = toInteger(lastEventId);
+    const current = toInteger(this._cursor);
+    if (epoch === this._epoch && next !== null && current !== null && next <= current) return;
+    this._cursor = lastEventId;
+    this._epoch = epoch;
+    if (this._stream !== null) this._stream.adoptCursor(lastEventId, epoch);
   }
 
   /**
@@ -256,6 +297,7 @@ export class SharedStream {
       return;
     }
     const wasLeader = this._role === "leader";
+    this._detached = reason;
     if (this._election !== null) this._election.resign();
     this._post({ k: "bye", from: this._tabId, leader: wasLeader });
     if (this._channel !== null) {
@@ -263,11 +305,31 @@ export class SharedStream {
       this._channel.close();
       this._channel = null;
     }
-    if (wasLeader && this._stream !== null) {
+    if (this._stream !== null) {
+      // A leader (or a tab that rejoined with its stream) keeps the stream it holds.
       this._setRole("own", { reason });
       return;
     }
     this._openOwn(reason);
+  }
+
+  /**
+   * Share again after a Drop or a Pause: called when this tab's own stream caught up
+   * (`replay_complete` after its reconnect, or a heartbeat: the server had nothing queued),
+   * and 5 s after a Resume at the latest.
+   * The tab competes again with the stream it holds: elected, it keeps that stream as the
+   * shared one (no new request); another tab leading, it follows and closes its own (one
+   * server stream per browser again). Nothing while paused, for a tab that never shares
+   * (`own`, a maxQueued of its own) or after close(). Idempotent.
+   */
+  rejoin() {
+    if (this._closed || this._role !== "own" || this._options.own || this._paused) return;
+    if (!REJOINING.has(this._detached) || this._createChannel === null) return;
+    this._joinChannel();
+    if (this._channel === null) return;
+    this._detached = null;
+    this._setRole("electing", { reason: "rejoin" });
+    this._compete();
   }
 
   // -- internals --
@@ -311,6 +373,7 @@ export class SharedStream {
           const { type, data, lastEventId, id } = frame;
           this._post({ k: "frame", from: this._tabId, frame: { type, data, lastEventId, id }, epoch: stream.epoch });
         }
+        if (frame.type === "replay_complete" && this._stream === stream) this.rejoin();
       },
       onStateChange: (state, info) => {
         if (this._stream !== stream) return;
@@ -327,6 +390,7 @@ export class SharedStream {
         if (this._stream !== stream) return;
         this._call("onComment", text);
         if (broadcast()) this._post({ k: "comment", from: this._tabId });
+        if (this._stream === stream) this.rejoin(); // a heartbeat: the server had nothing queued
       },
       onConnectionWait: (waiting, info) => {
         if (this._stream !== stream) return;
@@ -357,7 +421,8 @@ export class SharedStream {
   }
 
   _openOwn(reason) {
-    const stream = this._makeStream(() => false);
+    this._detached = reason;
+    const stream = this._makeStream(() => this._role === "leader" && this._stream === stream);
     this._setRole("own", { reason });
     if (this._paused) stream.pause();
     stream.start();
@@ -366,6 +431,14 @@ export class SharedStream {
   _becomeLeader() {
     if (this._closed || this._role === "own") return;
     this._followers.clear();
+    const kept = this._stream;
+    if (kept !== null && !["stopped", "ended"].includes(kept.state)) {
+      // Rejoined with the stream this tab held: it becomes the shared one, no new request.
+      this._setRole("leader", { reason: "rejoin" });
+      this._post({ k: "who", from: this._tabId });
+      this._postState();
+      return;
+    }
     this._setRole("leader", {});
     const stream = this._makeStream(() => this._role === "leader" && this._stream === stream);
     this._post({ k: "who", from: this._tabId });
@@ -382,6 +455,14 @@ export class SharedStream {
       this._setRole("follower", { reason: "deposed" });
       this._setState("connecting", { reason: "shared_waiting", shared: true });
     }
+  }
+
+  /** Another tab leads: follow it; a stream kept from before a rejoin ends (one per browser). */
+  _follow() {
+    const kept = this._stream;
+    this._stream = null;
+    if (kept !== null) kept.close();
+    this._setRole("follower", {});
   }
 
   /** Move the cursor to `frame`'s if it carries a later id. Returns false for a duplicate. */
@@ -415,7 +496,7 @@ export class SharedStream {
     if (this._role === "own") return;
     switch (message.k) {
       case "frame": {
-        if (this._role === "electing") this._setRole("follower", {});
+        if (this._role === "electing") this._follow();
         this._leaderId = message.from;
         const frame = { ...message.frame, json: tryParseJson(message.frame.data) };
         if (!this._advance(frame, message.epoch)) return;
@@ -424,7 +505,7 @@ export class SharedStream {
         break;
       }
       case "state":
-        if (this._role === "electing") this._setRole("follower", {});
+        if (this._role === "electing") this._follow();
         this._leaderId = message.from;
         this._stats = message.stats ?? this._stats;
         if (Boolean(message.waiting) !== this._waiting) {

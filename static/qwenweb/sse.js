@@ -12,7 +12,7 @@
  * Exports
  *
  * - `class SessionEventStream(options)` — one reconnecting stream (SC-9..SC-13).
- *   Methods: `start()`, `close()`, `drop()`, `pause()`, `resume()`.
+ *   Methods: `start()`, `close()`, `drop()`, `pause()`, `resume()`, `adoptCursor()`.
  *   Read-only: `state`, `lastEventId`, `epoch`, `reconnectCount`, `retryMs`,
  *   `currentDelayMs`, `paused`.
  *   States: "idle" → "connecting" → "open" → "reconnecting" → "connecting" … and the two
@@ -275,6 +275,19 @@ export class SessionEventStream {
   }
 
   /**
+   * Take `lastEventId` / `epoch` as the cursor (the snapshot a resync rebuilt the view from,
+   * SC-12): the next connection resumes from it, and it moves again with the next `id`.
+   * Never throws; a `lastEventId` with CR, LF or NUL, or an epoch that is not a string or
+   * null, is ignored.
+   */
+  adoptCursor(lastEventId, epoch) {
+    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) return;
+    if (epoch !== null && typeof epoch !== "string") return;
+    this._lastEventId = lastEventId;
+    this._epoch = epoch;
+  }
+
+  /**
    * Open the stream. Idempotent: does nothing unless the state is "idle".
    * Never throws; failures are reported through `onStateChange`.
    * @returns {this}
@@ -411,7 +424,14 @@ export class SessionEventStream {
   }
 
   _connect(tokenReason, stateReason) {
-    const attempt = { controller: new AbortController(), reader: null, dead: false, epoch: null, token: null };
+    const attempt = {
+      controller: new AbortController(),
+      reader: null,
+      dead: false,
+      epoch: null,
+      token: null,
+      committedId: null,
+    };
     this._attempt = attempt;
     this._attempts += 1;
     this._setState("connecting", { reason: stateReason });
@@ -527,6 +547,7 @@ export class SessionEventStream {
   async _readBody(attempt, response) {
     attempt.epoch = response.headers.get("X-Event-Epoch");
     this._failures = 0;
+    attempt.committedId = this._lastEventId;
     const parser = createParser({
       lastEventId: this._lastEventId,
       onEvent: (event) => this._onParsedEvent(attempt, parser, event),
@@ -584,8 +605,11 @@ export class SessionEventStream {
 
   _syncCursor(attempt, parser) {
     // The cursor only moves when an `id` field was committed on this connection, so its
-    // epoch is the one this response announced (EB-13, EB-17).
-    if (parser.lastEventId !== this._lastEventId) {
+    // epoch is the one this response announced (EB-13, EB-17). Compared with what this
+    // connection committed before, not with the cursor: a cursor adopted meanwhile
+    // (`adoptCursor`) stays until the next id.
+    if (parser.lastEventId !== attempt.committedId) {
+      attempt.committedId = parser.lastEventId;
       this._lastEventId = parser.lastEventId;
       this._epoch = attempt.epoch;
     }

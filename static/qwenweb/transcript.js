@@ -97,6 +97,16 @@ export class Transcript {
     this._renderCount();
   }
 
+  /**
+   * Keep what is drawn, greyed (class `stale`): what follows starts new messages and tool
+   * cards below it (a resync or a restart, SC-12; nothing on screen is thrown away).
+   */
+  retire() {
+    for (const node of this.root.children) if (node !== this.placeholder) node.classList.add("stale");
+    this.current = null;
+    this.tools = new Map();
+  }
+
   /** Add a note that is not an event (e.g. the session is closed). */
   note(kind, text) {
     this._marker(kind, text, null);

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,14 +317,17 @@ class SessionPage:
         self.console: list[str] = []
         page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}"))
 
-    def open(self, *, install_clock: bool = False, timeout_ms: int = WAIT_MS) -> SessionPage:
-        """Log in through the admin form, land on the page, wait until the stream is open.
+    def open(
+        self, *, install_clock: bool = False, timeout_ms: int = WAIT_MS, query: str = ""
+    ) -> SessionPage:
+        """Log in through the admin form, land on the page (with ``?query``), wait until
+        the stream is open.
 
         A page that does not get there fails with what it requested (path, status or
         "no answer") and what it logged, so a stall says where it stalled."""
         if install_clock:
             self.page.clock.install()
-        self.login(urlsplit(self.session.page_url).path)
+        self.login(urlsplit(self.session.page_url).path + (f"?{query}" if query else ""))
         try:
             self.expect_state("open", timeout_ms=timeout_ms)
         except AssertionError as error:
@@ -342,7 +346,7 @@ class SessionPage:
 
     def login(self, next_path: str) -> None:
         """Log in as ``operator`` with the admin login form; land on ``next_path``."""
-        self.page.goto(f"{self.session.base_url}/admin/login/?next={next_path}")
+        self.page.goto(f"{self.session.base_url}/admin/login/?next={urllib.parse.quote(next_path)}")
         self.page.fill("#id_username", USERNAME)
         self.page.fill("#id_password", PASSWORD)
         self.page.click("input[type=submit]")

@@ -52,7 +52,7 @@ def test_compacted_load_draws_the_raw_transcript_and_resumes_without_gap(
     session = RemoteSession.create(server.base_url, title="tokens")
     published = _turn(session, [f"w{n} " for n in range(40)], "c1")
     published += _turn(session, [f"v{n} " for n in range(30)], "c2")
-    view = SessionPage(page, session).open()
+    view = SessionPage(page, session).open(query="compact=1")  # the first load is raw unasked
     loads = [r for r in view.traffic.requests if r.path == f"/session/{session.id}"]
     assert [r.query for r in loads] == ["compact=1"]
     view.wait_for_id(published[-1])

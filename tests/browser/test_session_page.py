@@ -18,7 +18,6 @@ from tests.browser.conftest import (
     RemoteSession,
     SessionPage,
     agent_chunk,
-    agent_text,
     event_ids,
     number_in,
     screenshot,
@@ -201,16 +200,26 @@ def _restart_while_open(
 def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
-    # EB-7 epoch reset after a restart (ids continue above the old ones), SC-12 resync.
+    # EB-7 epoch reset after a restart (ids continue above the old ones), SC-12 resync:
+    # what was shown stays, greyed and marked, the new history continues below (issue 25).
     session, view, before = _restart_while_open(page, start_server("serve"))
     expect(page.locator("#last-resync")).to_contain_text("view rebuilt", timeout=15_000)
+    restarted = session.load()
+    # The connection panel shows the new cursor and epoch at once (not the old ones).
+    expect(page.locator("#cursor")).to_have_text(str(restarted["lastEventId"]))
+    expect(page.locator("#epoch")).to_have_attribute("title", restarted["epoch"])
     after = session.say("four ", "five ")
     view.wait_for_id(after[-1])
     assert min(after) > max(before)
     snapshot = session.load()
-    assert view.log_ids() == event_ids(snapshot["events"]) == after
-    assert view.agent_text() == agent_text(snapshot["events"]) == "four five "
+    assert event_ids(snapshot["events"]) == after
+    assert view.log_ids() == [*before, *after]
+    assert view.agent_text() == "one two three four five "
+    lost = page.locator("#transcript .marker-lost")
+    expect(lost).to_contain_text(f"#{before[0]}–{before[-1]} no longer on the server")
+    expect(page.locator("#transcript .msg-agent.stale")).to_have_count(1)
     expect(page.locator("#transcript .marker-truncated")).to_contain_text(f"#{after[0]}")
+    expect(page.locator("#cursor")).to_have_text(str(after[-1]))
 
 
 @redis_only("the id sequence outlives the process there")
@@ -231,7 +240,8 @@ def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
 def test_ring_overflow_while_disconnected_rebuilds_view_equal_to_snapshot(
     page: Page, server: ServerProcess
 ) -> None:
-    # SC-12 state_resync_required (EB-7 ring_evicted): rebuilt from GET /session/<id>.
+    # SC-12 state_resync_required (EB-7 ring_evicted): continued from GET /session/<id>,
+    # what was shown stays (greyed) above the span the ring lost (issue 25).
     session = RemoteSession.create(server.base_url, ringSize=5)
     view = SessionPage(page, session).open(install_clock=True)
     view.wait_for_id(session.say("x0 ", "x1 ", "x2 ")[-1])
@@ -243,11 +253,15 @@ def test_ring_overflow_while_disconnected_rebuilds_view_equal_to_snapshot(
     expect(page.locator("#last-resync")).to_contain_text("ring_evicted")
     expect(page.locator("#last-resync")).to_contain_text("view rebuilt")
     snapshot = session.load()
-    assert view.log_ids() == event_ids(snapshot["events"]) == list(range(19, 24))
-    assert view.agent_text() == agent_text(snapshot["events"]) == "y15 y16 y17 y18 y19 "
+    assert event_ids(snapshot["events"]) == list(range(19, 24))
+    view.wait_for_id(23)
+    assert view.log_ids() == [1, 2, 3, *range(19, 24)]
+    assert view.agent_text() == "x0 x1 x2 y15 y16 y17 y18 y19 "
+    expect(page.locator("#transcript .marker-lost")).to_have_text("#4–18 no longer on the server")
+    expect(page.locator("#frame-log tbody tr.row-stale[data-id]")).to_have_count(3)
     live = session.say("z ")[-1]
     view.wait_for_id(live)
-    assert view.log_ids() == [*range(19, 24), live]
+    assert view.log_ids() == [1, 2, 3, *range(19, 24), live]
     assert view.log_types().count("state_resync_required") == 1
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import RemoteSession, SessionPage, agent_text, event_ids
+from tests.browser.conftest import RemoteSession, SessionPage, event_ids
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -45,10 +45,11 @@ def test_the_page_draws_the_newest_events_and_loads_earlier_ones_on_demand(
     assert view.agent_text().endswith("m11 live ")
 
 
-def test_a_resync_rebuilds_from_the_newest_events_and_offers_the_older_ones(
+def test_a_resync_keeps_the_view_and_fetches_what_the_ring_holds_beyond_the_snapshot(
     page: Page, small_snapshots: ServerProcess
 ) -> None:
-    # SC-12 with the bounded snapshot: the rebuilt view is the snapshot's newest events.
+    # SC-12 with the bounded snapshot (issue 25): what was shown stays, the span the ring
+    # lost is marked, and the ring's events below the snapshot's page are fetched (SC-14).
     session = RemoteSession.create(small_snapshots.base_url, ringSize=10)
     view = SessionPage(page, session).open(install_clock=True)
     view.wait_for_id(session.say("x0 ", "x1 ")[-1])
@@ -59,6 +60,9 @@ def test_a_resync_rebuilds_from_the_newest_events_and_offers_the_older_ones(
     view.advance_clock(5_000)
     expect(page.locator("#last-resync")).to_contain_text("view rebuilt", timeout=15_000)
     snapshot = session.load()
-    assert view.log_ids() == event_ids(snapshot["events"]) == list(range(18, 23))
-    assert view.agent_text() == agent_text(snapshot["events"]) == "y15 y16 y17 y18 y19 "
-    expect(page.locator("#load-earlier")).to_be_visible()
+    assert event_ids(snapshot["events"]) == list(range(18, 23))
+    view.wait_for_id(22)
+    assert view.log_ids() == [1, 2, *range(13, 23)]
+    assert view.agent_text() == "x0 x1 " + "".join(f"y{n} " for n in range(10, 20))
+    expect(page.locator("#transcript .marker-lost")).to_have_text("#3–12 no longer on the server")
+    expect(page.locator("#load-earlier")).to_be_hidden()

@@ -116,18 +116,6 @@ async def test_bad_limit_or_before_is_400_naming_the_field(make_session, query, 
     assert body["field"] == field
 
 
-async def test_a_closed_session_answers_the_same_shape_without_events(make_session):
-    sid = await make_session()
-    await publish_many(sid, 2)
-    token = issue_token(sid, ["publish"])
-    assert (await call("POST", f"/session/{sid}/close", headers=bearer(token))).status == 200
-    body = (await load(sid)).json()
-    assert body["status"] == "closed"
-    assert body["events"] == []
-    assert body["hasOlder"] is False
-    assert body["firstEventId"] is None
-
-
 # -- ?compact=1 (docs/protocol.md, "Compacted history") -----------------------------------
 
 

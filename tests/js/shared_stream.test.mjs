@@ -128,6 +128,7 @@ function browser() {
   const createChannel = channelHub();
   const locks = fakeLocks();
   const { FakeStream, made } = fakeStreams();
+  const timers = []; // SharedStream's own timers (the rejoin after Resume), fired by hand
   const tab = (name, extra = {}) => {
     const log = { events: [], states: [], roles: [], waits: [], resyncs: 0 };
     const shared = new SharedStream({
@@ -142,11 +143,12 @@ function browser() {
       onRoleChange: (role, info) => log.roles.push([role, info.reason]),
       onConnectionWait: (waiting) => log.waits.push(waiting),
       onResyncRequired: () => (log.resyncs += 1),
+      setTimeout: (fn, ms) => timers.push({ fn, ms }),
       ...extra,
     });
     return { shared, log };
   };
-  return { tab, made };
+  return { tab, made, timers };
 }
 
 describe("electionMode", () => {
@@ -293,6 +295,82 @@ describe("SharedStream over Web Locks", () => {
     b.made[0].emit(2); // a's own stream: not shared any more
     await new Promise((resolve) => setImmediate(resolve));
     assert.deepEqual(c.log.events, [1]);
+  });
+
+  test("a follower that dropped shares again once its own stream caught up: one stream again", T, async () => {
+    const b = browser();
+    const a = b.tab("a");
+    const c = b.tab("c");
+    a.shared.start({ lastEventId: "0", epoch: "E" });
+    await until(() => a.shared.role === "leader", "a leads");
+    c.shared.start({ lastEventId: "0", epoch: "E" });
+    b.made[0].open();
+    b.made[0].emit(1);
+    await until(() => c.log.events.length === 1, "c has 1");
+    c.shared.drop();
+    const own = b.made[1];
+    assert.equal(c.shared.role, "own");
+    own.open();
+    own.emit(null, "replay_complete"); // its reconnect caught up
+    assert.equal(c.shared.role, "electing");
+    b.made[0].emit(2);
+    await until(() => c.shared.role === "follower", "c follows again");
+    assert.deepEqual(own.calls.slice(-1), ["close"], "its own stream ends");
+    assert.equal(b.made.length, 2, "no new stream");
+    await until(() => a.shared.tabs === 2, "the leader counts it again");
+    assert.deepEqual(c.log.events, [1, "replay_complete", 2]);
+  });
+
+  test("a lone tab's Pause, Resume and a heartbeat: it leads again with the stream it holds", T, async () => {
+    const b = browser();
+    const a = b.tab("a");
+    a.shared.start({ lastEventId: "0", epoch: "E" });
+    await until(() => a.shared.role === "leader", "a leads");
+    const stream = b.made[0];
+    stream.open();
+    a.shared.pause();
+    assert.equal(a.shared.role, "own");
+    stream.options.onComment(""); // a heartbeat while paused: stays apart
+    assert.equal(a.shared.role, "own");
+    a.shared.resume();
+    stream.options.onComment("");
+    await until(() => a.shared.role === "leader", "a leads again");
+    assert.equal(b.made.length, 1, "the same stream, no new request");
+    assert.ok(!stream.calls.includes("close"));
+  });
+
+  test("after Resume under steady traffic (no heartbeat) a follower shares again within 5 s", T, async () => {
+    const b = browser();
+    const a = b.tab("a");
+    const c = b.tab("c");
+    a.shared.start({ lastEventId: "0", epoch: "E" });
+    await until(() => a.shared.role === "leader", "a leads");
+    c.shared.start({ lastEventId: "0", epoch: "E" });
+    b.made[0].open();
+    b.made[0].emit(1);
+    await until(() => c.log.events.length === 1, "c has 1");
+    c.shared.pause();
+    const own = b.made[1];
+    own.open();
+    c.shared.resume();
+    own.emit(2);
+    assert.equal(c.shared.role, "own");
+    const [rejoin] = b.timers;
+    assert.equal(rejoin.ms, 5000);
+    rejoin.fn();
+    b.made[0].emit(3);
+    await until(() => c.shared.role === "follower", "c follows again");
+    assert.deepEqual(own.calls.slice(-1), ["close"]);
+  });
+
+  test("a maxQueued of its own never shares again", T, async () => {
+    const b = browser();
+    const a = b.tab("a", { own: true });
+    a.shared.start({ lastEventId: "3", epoch: "E" });
+    b.made[0].open();
+    b.made[0].emit(null, "replay_complete");
+    b.made[0].options.onComment("");
+    assert.equal(a.shared.role, "own");
   });
 
   test("own: never shares, never elects", T, async () => {

@@ -193,6 +193,27 @@ describe("SC-12 frames with meaning for the client", () => {
     assert.equal(h.stream.lastEventId, "2");
     h.stream.close();
   });
+
+  test("an adopted cursor (a resync's snapshot) is sent on reconnect; a frame without id keeps it", T, async () => {
+    const h = harness();
+    h.server.stream({ epoch: "old" });
+    h.server.stream({ epoch: "new" });
+    h.stream.start();
+    const first = await openCall(h, 1);
+    first.body.push(frame(7, "chat"));
+    await h.waitEvents(1);
+    h.stream.adoptCursor("100000", "new");
+    first.body.push(frame(null, "replay_complete"));
+    await h.waitEvents(2);
+    assert.deepEqual([h.stream.lastEventId, h.stream.epoch], ["100000", "new"]);
+    first.body.close();
+    await h.waitState("reconnecting");
+    h.timers.fire();
+    const second = await openCall(h, 2);
+    assert.equal(second.headers.get("last-event-id"), "100000");
+    assert.equal(second.headers.get("x-event-epoch"), "new");
+    h.stream.close();
+  });
 });
 
 describe("SC-13 close, drop, pause", () => {
