@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
+.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean soak
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	node --test tests/js/
 	$(PY) -m pytest
+
+# Long rounds of the restart tests (not in `make test`, which runs 5 kills and 1 SIGTERM):
+# the durable backend's server killed with SIGKILL 20 times and stopped with SIGTERM 5
+# times while a publisher posts, then a client away since the start resumes.
+soak: $(STAMP)
+	QWENWEB_SOAK_KILLS=20 QWENWEB_SOAK_TERMS=5 $(PY) -m pytest -s tests/e2e/test_durable_restart.py
 
 # The integration tests against PostgreSQL: pytest-django creates and drops
 # test_qwenweb on that server. Fails, naming the reason, when the server does not answer.

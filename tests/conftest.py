@@ -35,12 +35,24 @@ hooks.disconnect(metrics)
 
 
 @pytest.fixture(autouse=True)
-def _fresh_backend() -> Iterator[None]:
+def _fresh_backend(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Each test gets a backend of its own (no bus loaded, no server loop captured):
-    buses belong to one event loop (EB-11). Also forgets the operator records and feed."""
+    buses belong to one event loop (EB-11). Also forgets the operator records and feed.
+
+    The durable backend's log is a file of the test's own (servers started by the test
+    get theirs beside their database: ``tests.support.server.server_env``); it is closed
+    when the test ends."""
+    log = tmp_path_factory.mktemp("log") / "events.sqlite3"
+    monkeypatch.setenv("QWENWEB_EVENT_LOG_PATH", str(log))
+    get_config.cache_clear()
     backends.set(None)
     _forget_operator_state()
     yield
+    close_log = getattr(backends.current, "close_log", None)
+    if close_log is not None:
+        close_log()
     _forget_operator_state()
 
 

@@ -24,6 +24,7 @@ __all__ = ["BACKEND_ALIASES", "BackendHandler", "backends", "get_backend", "reso
 BACKEND_ALIASES: Final = {
     "memory": "sessions.backends.memory.MemoryBackend",
     "redis": "sessions.backends.redis.RedisBackend",
+    "durable": "sessions.backends.durable.DurableBackend",
 }
 
 

@@ -1,0 +1,639 @@
+"""The durable event log: one SQLite file, one writer thread, group commit.
+
+No Django here: :class:`EventLog` takes a path and its settings, the durable backend
+(:mod:`sessions.backends.durable`) builds it and feeds it.
+
+Concurrency model
+    One writer thread owns the one connection; the event loop never calls SQLite. The loop
+    hands operations over a thread-safe queue (:meth:`EventLog.submit`) and gets each one's
+    outcome back through ``loop.call_soon_threadsafe``, in submission order: an operation's
+    ``on_done`` callback runs on the loop before its future is resolved, so the caller can
+    deliver committed events to the bus in id order even when the awaiting task was
+    cancelled meanwhile.
+
+Group commit
+    The writer takes the first waiting operation, then everything else that is already
+    waiting (up to :data:`MAX_BATCH`), and runs them in one ``BEGIN IMMEDIATE`` ...
+    ``COMMIT``: operations arriving while a commit runs go into the next one, so a burst
+    shares the cost of one commit. A batch that fails (disk full, I/O error) is rolled back
+    and every operation in it fails with :class:`StorageFullError` or
+    :class:`EventLogError`; nothing of it was acknowledged.
+
+Ids
+    The caller assigns ids (contiguous per session). After a failed batch, the writer fails
+    every later event of the same session until the caller submits again from the first
+    failed id (it rewinds to the bus's next id): a committed log never has a hole, and no
+    (epoch, id) ever names two events.
+
+Files
+    The log file is created 0600; ``<path>.lock`` is held with ``fcntl.flock`` for the
+    writer's lifetime (:class:`LogLockedError` when another process holds it). WAL mode,
+    ``synchronous`` NORMAL (survives a process crash) or FULL (survives a power loss);
+    the WAL is checkpointed (``PASSIVE``) every :data:`CHECKPOINT_EVERY_COMMITS` commits and
+    ``journal_size_limit`` truncates it, so it stays bounded. ``auto_vacuum=INCREMENTAL``:
+    freed pages go back to the file system a few at a time (:meth:`EventLog.trim`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import queue
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "Append",
+    "CloseSession",
+    "EventLog",
+    "EventLogError",
+    "ForeignLogError",
+    "LogLockedError",
+    "OpenSession",
+    "Opened",
+    "StorageFullError",
+    "read_boot_id",
+]
+
+logger = logging.getLogger("qwenweb.event_log")
+
+MAX_BATCH: Final = 2000
+"""The most operations one commit takes (a burst beyond it goes into the next one)."""
+CHECKPOINT_EVERY_COMMITS: Final = 200
+"""A passive WAL checkpoint after this many commits (SQLite's own is every 1000 pages)."""
+TRIM_STEP_ROWS: Final = 500
+"""Rows one background deletion step removes at most (a short write lock)."""
+JOURNAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
+"""Bytes the WAL file is truncated to after a checkpoint."""
+SCHEMA_VERSION: Final = "1"
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS heads (
+    session_id TEXT PRIMARY KEY,
+    epoch TEXT NOT NULL,
+    epoch_start INTEGER NOT NULL,
+    next_id INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    closed_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    body BLOB NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (session_id, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS keys (
+    session_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    epoch TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+"""
+
+
+class EventLogError(Exception):
+    """Raised when the log cannot be written or read (the message names the file)."""
+
+
+class StorageFullError(EventLogError):
+    """Raised for an operation whose commit failed because the disk (or budget) is full."""
+
+    code = "storage_full"
+    public_message = "the event log's disk is full; nothing was stored, try again later"
+
+
+class LogLockedError(EventLogError):
+    """Raised at open when another process holds the log's lock file."""
+
+
+class ForeignLogError(EventLogError):
+    """Raised at open when the file is not an event log of this deployment (or unreadable)."""
+
+
+def read_boot_id() -> str:
+    """Return this machine's boot id (``/proc/sys/kernel/random/boot_id``), ``""`` if none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(slots=True)
+class Append:
+    """Append one event (``body``: the envelope's JSON without ``id``) with its key."""
+
+    session_id: str
+    event_id: int
+    type: str
+    body: bytes
+    key: tuple[str, str, str] | None = None  # (key, digest, epoch)
+    closes: bool = False
+
+
+@dataclass(slots=True)
+class CloseSession:
+    """Mark a session closed (its history stays until the retention deletes it)."""
+
+    session_id: str
+
+
+@dataclass(slots=True)
+class OpenSession:
+    """Read a session's head, its newest events and keys; start an epoch if it needs one.
+
+    ``fresh_start``: the first id of a new epoch (above every id ever issued, from the
+    database's reservation). ``ring_size``, ``ring_max_bytes``: what the ring keeps.
+    """
+
+    session_id: str
+    fresh_start: int
+    ring_size: int
+    ring_max_bytes: int
+    max_keys: int
+    key_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A session as the log has it: ``epoch``, ``next_id``, its newest ``events``
+    (``(id, type, body)``, oldest first), its live ``keys`` (``(key, digest, id, epoch)``,
+    oldest first), and whether the epoch is ``new``."""
+
+    epoch: str
+    next_id: int
+    events: list[tuple[int, str, bytes]]
+    keys: list[tuple[str, str, int, str]]
+    new: bool
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class _Item:
+    op: Any
+    future: asyncio.Future[Any] | None
+    on_done: Callable[[Any, BaseException | None], None] | None
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class LogStats:
+    """What ``/metrics`` shows: commits, the last batch size, bytes, rows."""
+
+    commits: int = 0
+    rows: int = 0
+    file_bytes: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+    failing: str = ""
+
+
+class EventLog:
+    """A durable append-only event log in its own SQLite file (module docstring).
+
+    Args:
+        path: the log file (created 0600 with its directory).
+        loop: the event loop that submits and gets outcomes.
+        synchronous: ``"NORMAL"`` or ``"FULL"``.
+        deployment: what identifies the deployment (a fingerprint of its database); a
+            log written by another is refused (:class:`ForeignLogError`), or, with
+            ``on_mismatch="new_epoch"``, renamed aside and started afresh.
+        max_bytes: the disk budget: past it, appends fail with :class:`StorageFullError`
+            until trimming frees room.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        synchronous: str = "NORMAL",
+        deployment: str = "",
+        on_mismatch: str = "refuse",
+        max_bytes: int = 0,
+        boot_id: str | None = None,
+    ) -> None:
+        self.path = path
+        self.loop = loop
+        self.synchronous = synchronous
+        self.deployment = deployment
+        self.on_mismatch = on_mismatch
+        self.max_bytes = max_bytes
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+        self.stats = LogStats()
+        self.generation = 0
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._failed_from: dict[str, int] = {}
+        self._commits = 0
+        self._closed = False
+
+    # -- lifecycle (any thread) ------------------------------------------------------------
+
+    def open(self, timeout_s: float = 30.0) -> None:
+        """Start the writer thread and open the file there; return once it is open.
+
+        Raises :class:`LogLockedError`, :class:`ForeignLogError` or :class:`EventLogError`
+        (each names the file). Blocks up to ``timeout_s``.
+        """
+        ready: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="qwenweb-event-log", daemon=True
+        )
+        self._thread.start()
+        try:
+            error = ready.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EventLogError(f"event log {self.path}: not open after {timeout_s:g} s") from None
+        if error is not None:
+            self._thread.join(timeout_s)
+            raise error
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Commit what is waiting, mark a clean stop, close the file. Idempotent."""
+        if self._closed or self._thread is None:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    @property
+    def writable(self) -> bool:
+        """Whether the last commit succeeded (``/readyz``)."""
+        return not self.stats.failing
+
+    # -- submitting (on the loop) ------------------------------------------------------
+
+    def submit(
+        self, op: Any, on_done: Callable[[Any, BaseException | None], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue ``op`` for the next commit; its future resolves after the commit.
+
+        ``on_done(result, error)`` runs on the loop first, in submission order. Never
+        blocks, never raises (a closed log fails the future with :class:`EventLogError`).
+        """
+        future: asyncio.Future[Any] = self.loop.create_future()
+        item = _Item(op, future, on_done)
+        if self._closed:
+            self._finish([item], EventLogError(f"event log {self.path} is closed"))
+        else:
+            self._queue.put(item)
+        return future
+
+    def _finish(self, items: list[_Item], error: BaseException | None = None) -> None:
+        for item in items:
+            if error is not None and item.error is None:
+                item.error = error
+            if item.on_done is not None:
+                try:
+                    item.on_done(item.result, item.error)
+                except Exception:
+                    logger.exception("event_log_callback_failed")
+            future = item.future
+            if future is not None and not future.done():
+                if item.error is not None:
+                    future.set_exception(item.error)
+                    future.exception()  # (retrieved: a cancelled waiter must not warn)
+                else:
+                    future.set_result(item.result)
+
+    # -- the writer thread ---------------------------------------------------------------
+
+    def _run(self, ready: queue.SimpleQueue[BaseException | None]) -> None:
+        try:
+            self._open_file()
+        except BaseException as exc:
+            self._release_lock()
+            ready.put(exc)
+            return
+        ready.put(None)
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            batch: list[_Item] = []
+            if first is None:
+                stop = True
+            else:
+                batch.append(first)
+                while len(batch) < MAX_BATCH:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    batch.append(more)
+            if batch:
+                self._commit(batch)
+        self._shut()
+
+    def _open_file(self) -> None:
+        path = self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = Path(f"{path}.lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise LogLockedError(
+                f"event log {path} is in use by another process (lock {lock_path}); one "
+                "process per log: stop it, or use the Redis backend for several"
+            ) from None
+        self._lock_fd = fd
+        if not path.exists():
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        try:
+            self._connect_and_check(path)
+        except ForeignLogError:
+            if self.on_mismatch != "new_epoch":
+                raise
+            aside = path.with_name(f"{path.name}.foreign-{int(time.time())}")
+            self._drop_connection()
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+            logger.error("event_log_set_aside path=%s moved_to=%s", path, aside)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            self._connect_and_check(path)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+
+    def _connect_and_check(self, path: Path) -> None:
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._conn = conn
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table only
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ForeignLogError(f"event log {path}: WAL mode refused ({mode})")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+            conn.executescript(_SCHEMA)
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as exc:
+            raise ForeignLogError(
+                f"event log {path} is unreadable ({exc}); move it aside or set "
+                "EVENT_LOG_ON_MISMATCH=new_epoch"
+            ) from None
+        if meta and (
+            meta.get("schema") != SCHEMA_VERSION
+            or (self.deployment and meta.get("deployment", self.deployment) != self.deployment)
+        ):
+            raise ForeignLogError(
+                f"event log {path} belongs to another deployment or version; move it aside "
+                "or set EVENT_LOG_ON_MISMATCH=new_epoch"
+            )
+        generation = int(meta.get("generation", "0"))
+        unclean = meta.get("clean") != "1"
+        # NORMAL keeps what a process crash leaves, not what a power loss does: after a
+        # machine stop that was not clean, every session continues in a new epoch.
+        rebooted = meta.get("boot_id", "") != self.boot_id
+        if meta and unclean and rebooted and self.synchronous != "FULL":
+            generation += 1
+            logger.warning("event_log_new_generation path=%s reason=unclean_machine_stop", path)
+        self.generation = generation
+        self.stats.rows = int(meta.get("rows", "0"))
+        conn.execute("BEGIN IMMEDIATE")
+        for key, value in (
+            ("schema", SCHEMA_VERSION),
+            ("deployment", meta.get("deployment", self.deployment)),
+            ("boot_id", self.boot_id),
+            ("clean", "0"),
+            ("generation", str(generation)),
+        ):
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        conn.execute("COMMIT")
+        self._measure()
+
+    def _shut(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('clean', '1')")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._drop_connection()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _commit(self, batch: list[_Item]) -> None:
+        conn = self._conn
+        assert conn is not None
+        started = time.monotonic()
+        failed_before = dict(self._failed_from)
+        rows_at_start = self.stats.rows
+        error: BaseException | None = None
+        try:
+            over = self.max_bytes and self.stats.file_bytes > self.max_bytes
+            if over and any(isinstance(item.op, Append) for item in batch):
+                raise StorageFullError(
+                    f"event log {self.path} is past EVENT_LOG_MAX_BYTES ({self.max_bytes} bytes)"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            rows_before = self.stats.rows
+            for item in batch:
+                item.result = self._apply(conn, item)
+            if self.stats.rows != rows_before:
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('rows', ?)", (str(self.stats.rows),)
+                )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
+                "full" in str(exc)
+            )
+            kind = StorageFullError if full else EventLogError
+            error = kind(f"event log {self.path}: {exc}")
+        except StorageFullError as exc:
+            error = exc
+        if error is not None:
+            self.stats.rows = rows_at_start
+            self._failed_from = failed_before
+            for item in batch:
+                item.result = None
+                op = item.op
+                if isinstance(op, Append):
+                    first = self._failed_from.get(op.session_id)
+                    if first is None or op.event_id < first:
+                        self._failed_from[op.session_id] = op.event_id
+            if not self.stats.failing:
+                logger.error("event_log_write_failed path=%s error=%s", self.path, error)
+            self.stats.failing = str(error)
+        else:
+            if self.stats.failing:
+                logger.info("event_log_write_recovered path=%s", self.path)
+            self.stats.failing = ""
+            self.stats.commits += 1
+            self.stats.batch_sizes.append(len(batch))
+            self.stats.latencies_s.append(time.monotonic() - started)
+            del self.stats.batch_sizes[:-1000], self.stats.latencies_s[:-1000]
+            self._commits += 1
+            if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if self._commits % 20 == 0:
+                self._measure()
+        try:
+            self.loop.call_soon_threadsafe(self._finish, batch, error)
+        except RuntimeError:  # the loop is closed (a test's, or shutdown): nobody waits
+            logger.debug("event_log_outcome_dropped reason=loop_closed count=%d", len(batch))
+
+    def _apply(self, conn: sqlite3.Connection, item: _Item) -> Any:
+        op = item.op
+        if isinstance(op, Append):
+            first_failed = self._failed_from.get(op.session_id)
+            if first_failed is not None:
+                if op.event_id != first_failed:
+                    # A later id of a session whose earlier event failed: refused, or the
+                    # log would have a hole (the caller rewinds to the first failed id).
+                    item.error = EventLogError("an earlier event of the session failed")
+                    return None
+                del self._failed_from[op.session_id]
+            now = time.time()
+            conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (op.session_id, op.event_id, op.type, op.body, now),
+            )
+            conn.execute(
+                "UPDATE heads SET next_id = max(next_id, ?), closed_at = ? WHERE session_id = ?",
+                (op.event_id + 1, now if op.closes else None, op.session_id),
+            )
+            if op.key is not None:
+                key, digest, epoch = op.key
+                conn.execute(
+                    "INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?)",
+                    (op.session_id, key, digest, op.event_id, epoch, now),
+                )
+            self.stats.rows += 1
+            return now
+        if isinstance(op, OpenSession):
+            return self._open_session(conn, op)
+        if isinstance(op, CloseSession):
+            conn.execute(
+                "UPDATE heads SET closed_at = ? WHERE session_id = ?", (time.time(), op.session_id)
+            )
+            return None
+        if callable(op):
+            return op(conn)
+        raise TypeError(f"unknown event log operation {op!r}")
+
+    def _open_session(self, conn: sqlite3.Connection, op: OpenSession) -> Opened:
+        head = conn.execute(
+            "SELECT epoch, epoch_start, next_id, generation, closed_at FROM heads "
+            "WHERE session_id = ?",
+            (op.session_id,),
+        ).fetchone()
+        if head is not None and head[3] == self.generation:
+            epoch, epoch_start, next_id = head[0], head[1], head[2]
+            rows = conn.execute(
+                "SELECT id, type, body FROM events WHERE session_id = ? AND id >= ? "
+                "ORDER BY id DESC LIMIT ?",
+                (op.session_id, epoch_start, op.ring_size),
+            ).fetchall()
+            events: list[tuple[int, str, bytes]] = []
+            held = 0
+            for event_id, event_type, body in rows:
+                held += len(body)
+                if events and held > op.ring_max_bytes:
+                    break
+                events.append((event_id, event_type, bytes(body)))
+            events.reverse()
+            keys = conn.execute(
+                "SELECT key, digest, id, epoch FROM keys WHERE session_id = ? AND at >= ? "
+                "ORDER BY at DESC LIMIT ?",
+                (op.session_id, time.time() - op.key_ttl_s, op.max_keys),
+            ).fetchall()
+            keys.reverse()
+            self._failed_from.pop(op.session_id, None)
+            return Opened(epoch, next_id, events, keys, False, head[4] is not None)
+        # A new epoch: no head, or one from before an unclean machine stop (its last
+        # commits may be lost): above every id the old epoch could have issued.
+        start = max(op.fresh_start, head[2] + 1 if head is not None else 1)
+        epoch = secrets.token_urlsafe(12)
+        conn.execute(
+            "INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?, ?, NULL)",
+            (op.session_id, epoch, start, start, self.generation),
+        )
+        self._failed_from.pop(op.session_id, None)
+        return Opened(epoch, start, [], [], True)
+
+    def _measure(self) -> None:
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        self.stats.file_bytes = total
+
+    def trim_step(
+        self,
+        conn: sqlite3.Connection,
+        keep_from: dict[str, int],
+        closed_before: float,
+        key_ttl_s: float,
+    ) -> int:
+        """Delete up to :data:`TRIM_STEP_ROWS` rows no ring can replay any more (writer
+        thread, inside a commit): events of ``keep_from``'s sessions below their id,
+        sessions closed before ``closed_before`` (epoch s) with their events and keys, keys
+        older than ``key_ttl_s``; then give a few free pages back. Returns rows deleted."""
+        budget = TRIM_STEP_ROWS
+        for session_id, first_kept in keep_from.items():
+            if budget <= 0:
+                break
+            budget -= conn.execute(
+                "DELETE FROM events WHERE session_id = ? AND id IN (SELECT id FROM events "
+                "WHERE session_id = ? AND id < ? ORDER BY id LIMIT ?)",
+                (session_id, session_id, first_kept, budget),
+            ).rowcount
+        for (session_id,) in conn.execute(
+            "SELECT session_id FROM heads WHERE closed_at IS NOT NULL AND closed_at < ? LIMIT 20",
+            (closed_before,),
+        ).fetchall():
+            if budget <= 0:
+                break
+            gone = conn.execute(
+                "DELETE FROM events WHERE session_id = ? AND id IN (SELECT id FROM events "
+                "WHERE session_id = ? ORDER BY id LIMIT ?)",
+                (session_id, session_id, budget),
+            ).rowcount
+            budget -= gone
+            if gone < TRIM_STEP_ROWS:
+                conn.execute("DELETE FROM keys WHERE session_id = ?", (session_id,))
+                conn.execute("DELETE FROM heads WHERE session_id = ?", (session_id,))
+        conn.execute(
+            "DELETE FROM keys WHERE (session_id, key) IN "
+            "(SELECT session_id, key FROM keys WHERE at < ? LIMIT ?)",
+            (time.time() - key_ttl_s, max(1, budget)),
+        )
+        conn.execute("PRAGMA incremental_vacuum(64)")
+        deleted = TRIM_STEP_ROWS - budget
+        self.stats.rows = max(0, self.stats.rows - deleted)
+        self._measure()
+        return deleted
