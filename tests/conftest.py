@@ -56,6 +56,15 @@ def _fresh_backend(
     _forget_operator_state()
 
 
+@pytest.fixture
+def memory_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test (and the servers it starts) on the memory-only backend
+    (``BACKEND=memory``), for behaviour the durable default does not have."""
+    monkeypatch.setenv("QWENWEB_BACKEND", "memory")
+    get_config.cache_clear()
+    backends.set(None)
+
+
 def _forget_operator_state() -> None:
     token_versions.clear_cache()  # user ids are reused across tests' databases
     recorder.discard()

@@ -66,7 +66,7 @@ __all__ = [
 
 logger = logging.getLogger("qwenweb.event_log")
 
-MAX_BATCH: Final = 2000
+MAX_BATCH: Final = 10_000
 """The most operations one commit takes (a burst beyond it goes into the next one)."""
 CHECKPOINT_EVERY_COMMITS: Final = 200
 """A passive WAL checkpoint after this many commits (SQLite's own is every 1000 pages)."""
@@ -123,6 +123,25 @@ class LogLockedError(EventLogError):
 
 class ForeignLogError(EventLogError):
     """Raised at open when the file is not an event log of this deployment (or unreadable)."""
+
+
+def wal_torn(path: Path) -> bool:
+    """Whether ``path``'s WAL file ends inside a frame (a write cut short). Never raises.
+
+    A WAL is a 32-byte header and frames of 24 bytes + one page; its header names the
+    page size (bytes 8-11, big-endian)."""
+    try:
+        with open(f"{path}-wal", "rb") as wal:
+            header = wal.read(32)
+            size = os.fstat(wal.fileno()).st_size
+    except OSError:
+        return False
+    if size == 0:
+        return False
+    if len(header) < 32:
+        return True
+    page_size = int.from_bytes(header[8:12], "big")
+    return page_size < 512 or (size - 32) % (24 + page_size) != 0
 
 
 def read_boot_id() -> str:
@@ -244,6 +263,9 @@ class EventLog:
         self._failed_from: dict[str, int] = {}
         self._commits = 0
         self._closed = False
+        self._torn = False
+        self._running = threading.Event()
+        self._running.set()
 
     # -- lifecycle (any thread) ------------------------------------------------------------
 
@@ -271,8 +293,18 @@ class EventLog:
         if self._closed or self._thread is None:
             return
         self._closed = True
+        self._running.set()
         self._queue.put(None)
         self._thread.join(timeout_s)
+
+    def pause(self) -> None:
+        """Make the writer wait before its next commit (a stalled disk, for tests): what
+        is submitted meanwhile goes into one commit after :meth:`resume`."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Let the writer commit again (:meth:`pause`). Idempotent."""
+        self._running.set()
 
     @property
     def writable(self) -> bool:
@@ -327,6 +359,7 @@ class EventLog:
         stop = False
         while not stop:
             first = self._queue.get()
+            self._running.wait()
             batch: list[_Item] = []
             if first is None:
                 stop = True
@@ -361,6 +394,7 @@ class EventLog:
         self._lock_fd = fd
         if not path.exists():
             os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        self._torn = wal_torn(path)
         try:
             self._connect_and_check(path)
         except ForeignLogError:
@@ -414,6 +448,11 @@ class EventLog:
         if meta and unclean and rebooted and self.synchronous != "FULL":
             generation += 1
             logger.warning("event_log_new_generation path=%s reason=unclean_machine_stop", path)
+        elif meta and self._torn:
+            # SQLite recovers the WAL up to its last whole transaction; the ids of the torn
+            # one may have been acknowledged and seen: never issue them again.
+            generation += 1
+            logger.warning("event_log_new_generation path=%s reason=torn_wal", path)
         self.generation = generation
         self.stats.rows = int(meta.get("rows", "0"))
         conn.execute("BEGIN IMMEDIATE")
