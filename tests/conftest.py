@@ -65,6 +65,14 @@ def memory_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     backends.set(None)
 
 
+@pytest.fixture
+def durable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test on the durable backend (``BACKEND=durable``), whatever the default."""
+    monkeypatch.setenv("QWENWEB_BACKEND", "durable")
+    get_config.cache_clear()
+    backends.set(None)
+
+
 def _forget_operator_state() -> None:
     token_versions.clear_cache()  # user ids are reused across tests' databases
     recorder.discard()
