@@ -112,6 +112,10 @@ class DurableLiveSession(LiveSession):
     )
 
 
+def _probe_write(conn: Any) -> None:
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('probed_at', ?)", (str(time.time()),))
+
+
 class _OpeningLoop(ServerLoop):
     """The server loop that opens the log when it is captured (start-up: a log that
     cannot be opened stops the server with one line)."""
@@ -480,9 +484,14 @@ class DurableBackend(MemoryBackend):
                 marks.update(keep_from)
 
     async def health(self) -> Health:
+        """Whether the log takes writes: after a failed commit, one small write tries again
+        (space may have returned without a publish since)."""
         log = self.log
         if log is not None and not log.writable:
-            return Health(False, (f"event log: {log.stats.failing}"[:300],))
+            with contextlib.suppress(EventLogError):
+                await asyncio.shield(log.submit(_probe_write))
+            if not log.writable:
+                return Health(False, (f"event log: {log.stats.failing}"[:300],))
         return Health(True)
 
     async def aclose(self) -> None:
