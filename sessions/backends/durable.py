@@ -492,6 +492,8 @@ class DurableBackend(MemoryBackend):
                 await asyncio.shield(log.submit(_probe_write))
             if not log.writable:
                 return Health(False, (f"event log: {log.stats.failing}"[:300],))
+        if log is not None and log.over_budget:
+            return Health(False, (f"event log: past EVENT_LOG_MAX_BYTES ({log.max_bytes})",))
         return Health(True)
 
     async def aclose(self) -> None:

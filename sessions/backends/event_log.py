@@ -307,6 +307,11 @@ class EventLog:
         self._running.set()
 
     @property
+    def over_budget(self) -> bool:
+        """Whether the files are past ``max_bytes`` (appends are refused until trimmed)."""
+        return bool(self.max_bytes) and self.stats.file_bytes > self.max_bytes
+
+    @property
     def writable(self) -> bool:
         """Whether the last commit succeeded (``/readyz``)."""
         return not self.stats.failing
@@ -489,8 +494,7 @@ class EventLog:
         rows_at_start = self.stats.rows
         error: BaseException | None = None
         try:
-            over = self.max_bytes and self.stats.file_bytes > self.max_bytes
-            if over and any(isinstance(item.op, Append) for item in batch):
+            if self.over_budget and any(isinstance(item.op, Append) for item in batch):
                 raise StorageFullError(
                     f"event log {self.path} is past EVENT_LOG_MAX_BYTES ({self.max_bytes} bytes)"
                 )

@@ -7,12 +7,15 @@ a new process sees. A crash of the process is the end-to-end test's (test_durabl
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sessions.backends import backends, get_backend
-from sessions.backends.durable import DurableBackend
+from sessions.backends.durable import DurableBackend, log_path
+from sessions.conf import get_config
 from tests.integration.conftest import (
     assert_error,
     call,
@@ -189,3 +192,29 @@ async def _publish_headers(sid: str, extra: dict[str, str]) -> dict[str, str]:
     from sessions.auth import issue_token
 
     return {"authorization": f"Bearer {issue_token(sid, ['publish'])}", **extra}
+
+
+@pytest.mark.parametrize(
+    ("database", "expected"),
+    [
+        ({"ENGINE": "django.db.backends.sqlite3", "NAME": "/srv/q/db.sqlite3"},
+         "/srv/q/db.sqlite3.events.sqlite3"),
+        ({"ENGINE": "django.db.backends.postgresql", "NAME": "q", "HOST": "db", "PORT": 5432},
+         "/srv/q/var/events-"),
+    ],
+)  # fmt: skip
+async def test_the_log_lives_beside_sqlite_or_per_database_in_var(
+    database: dict[str, Any], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "sessions.backends.durable.settings",
+        SimpleNamespace(DATABASES={"default": database}, BASE_DIR="/srv/q"),
+    )
+    config = replace(get_config(), event_log_path="")
+    assert str(log_path(config)).startswith(expected)
+    other = {**database, "NAME": "other"}
+    monkeypatch.setattr(
+        "sessions.backends.durable.settings",
+        SimpleNamespace(DATABASES={"default": other}, BASE_DIR="/srv/q"),
+    )
+    assert log_path(config) != log_path(replace(config, event_log_path="/x.sqlite3"))
