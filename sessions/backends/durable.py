@@ -41,7 +41,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from sessions.backends import rows
-from sessions.backends.base import Health, LiveSession, Published
+from sessions.backends.base import Health, LiveSession, Published, StoreFigures
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.event_log import (
     Append,
@@ -495,6 +495,16 @@ class DurableBackend(MemoryBackend):
         if log is not None and log.over_budget:
             return Health(False, (f"event log: past EVENT_LOG_MAX_BYTES ({log.max_bytes})",))
         return Health(True)
+
+    def store_figures(self) -> StoreFigures | None:
+        """The log's commits since the last call, its files' bytes and its event rows."""
+        log = self.log
+        if log is None:
+            return None
+        stats = log.stats
+        sizes, stats.batch_sizes = stats.batch_sizes, []
+        latencies, stats.latencies_s = stats.latencies_s, []
+        return StoreFigures(sizes, latencies, stats.file_bytes, stats.rows)
 
     async def aclose(self) -> None:
         """Stop the background tasks, commit what waits, close the log (shutdown, tests)."""

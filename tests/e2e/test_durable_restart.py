@@ -17,6 +17,7 @@ import random
 import threading
 import time
 import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,7 @@ async def test_kill_9_and_sigterm_restarts_lose_and_duplicate_nothing(tmp_path: 
             lambda got: any(e.type == "replay_complete" for e in got), 30
         )
         await client.aclose()
+        metrics = urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10).read().decode()
     finally:
         publisher.halt()
         server.stop()
@@ -134,6 +136,10 @@ async def test_kill_9_and_sigterm_restarts_lose_and_duplicate_nothing(tmp_path: 
     lost = [(n, i) for n, i, _ in publisher.acked if by_number.get(n) != i]
     assert lost == [], f"{len(lost)} acknowledged events lost or renumbered: {lost[:5]}"
     assert {epoch for _, _, epoch in publisher.acked} == {away_epoch}
+    rows = [line for line in metrics.splitlines() if line.startswith("qwenweb_event_log_rows")]
+    assert rows, "no qwenweb_event_log_rows in /metrics"
+    assert float(rows[0].split()[-1]) > 0  # (a gauge flushed every second: a lower bound)
+    assert "qwenweb_event_log_commit_seconds_bucket" in metrics
     print(
         f"{KILLS} kills, {TERMS} SIGTERMs: {len(publisher.acked)} acknowledged, "
         f"{len(frames)} replayed, {publisher.failures} publishes refused while down, "

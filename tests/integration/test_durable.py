@@ -218,3 +218,17 @@ async def test_the_log_lives_beside_sqlite_or_per_database_in_var(
         SimpleNamespace(DATABASES={"default": other}, BASE_DIR="/srv/q"),
     )
     assert log_path(config) != log_path(replace(config, event_log_path="/x.sqlite3"))
+
+
+async def test_store_figures_show_commits_bytes_and_rows(make_session: Any) -> None:
+    sid = await make_session()
+    await publish_many(sid, 3)
+    figures = durable().store_figures()
+    assert figures is not None
+    assert sum(figures.batch_sizes) >= 4  # the session's opening and 3 events
+    assert len(figures.commit_latencies_s) == len(figures.batch_sizes)
+    assert figures.rows == 3
+    assert figures.file_bytes > 0
+    again = durable().store_figures()
+    assert again is not None
+    assert again.batch_sizes == []  # since the last call
