@@ -74,7 +74,7 @@ TRIM_STEP_ROWS: Final = 500
 """Rows one background deletion step removes at most (a short write lock)."""
 JOURNAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint."""
-SCHEMA_VERSION: Final = "1"
+SCHEMA_VERSION: Final = "2"
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -92,8 +92,8 @@ CREATE TABLE IF NOT EXISTS events (
     type TEXT NOT NULL,
     body BLOB NOT NULL,
     at REAL NOT NULL,
-    PRIMARY KEY (session_id, id)
-) WITHOUT ROWID;
+    UNIQUE (session_id, id)
+);
 CREATE TABLE IF NOT EXISTS keys (
     session_id TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -651,9 +651,9 @@ class EventLog:
             if budget <= 0:
                 break
             budget -= conn.execute(
-                "DELETE FROM events WHERE session_id = ? AND id IN (SELECT id FROM events "
+                "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events "
                 "WHERE session_id = ? AND id < ? ORDER BY id LIMIT ?)",
-                (session_id, session_id, first_kept, budget),
+                (session_id, first_kept, budget),
             ).rowcount
         for (session_id,) in conn.execute(
             "SELECT session_id FROM heads WHERE closed_at IS NOT NULL AND closed_at < ? LIMIT 20",
@@ -662,9 +662,9 @@ class EventLog:
             if budget <= 0:
                 break
             gone = conn.execute(
-                "DELETE FROM events WHERE session_id = ? AND id IN (SELECT id FROM events "
+                "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events "
                 "WHERE session_id = ? ORDER BY id LIMIT ?)",
-                (session_id, session_id, budget),
+                (session_id, budget),
             ).rowcount
             budget -= gone
             if gone < TRIM_STEP_ROWS:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import sqlite3
 import stat
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -201,3 +203,26 @@ def _copy_open_log(path: Path, to: Path) -> None:
         source = Path(f"{path}{suffix}")
         if source.exists():
             shutil.copyfile(source, f"{to}{suffix}")
+
+
+async def test_a_trim_step_deletes_what_no_ring_replays_and_expired_closed_sessions(
+    log: EventLog,
+) -> None:
+    await _opened(log, "kept")
+    await _opened(log, "closed")
+    for n in range(1, 11):
+        await _append(log, n, "kept")
+    async with asyncio.timeout(WAIT_S):
+        await log.submit(Append("closed", 1, "session_closed", b"{}", closes=True))
+    step = functools.partial(log.trim_step, keep_from={"kept": 8}, key_ttl_s=900.0)
+    async with asyncio.timeout(WAIT_S):
+        deleted = await log.submit(functools.partial(step, closed_before=0.0))
+        assert deleted == 7  # the closed session is within CLOSED_HISTORY_S
+        deleted = await log.submit(functools.partial(step, closed_before=time.time() + 1))
+    assert deleted == 1
+    with sqlite3.connect(log.path) as conn:
+        rows = conn.execute("SELECT session_id, id FROM events ORDER BY id").fetchall()
+        heads = [row[0] for row in conn.execute("SELECT session_id FROM heads")]
+    assert rows == [("kept", 8), ("kept", 9), ("kept", 10)]
+    assert heads == ["kept"]
+    assert log.stats.rows == 3
