@@ -1,6 +1,7 @@
 """Bench routes for qwenweb in front of the project's URLs (see ``qwenweb_bench_settings``).
 
-- ``POST /bench/session``: a new session; ``{"channel", "token", "path"}`` (read token).
+- ``POST /bench/session``: a new session; ``{"channel", "token", "path", "publish_token"}``
+  (``token``: a read token).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
   ``MemoryBackend.publish_nowait`` on the server's event loop (in-process, no HTTP per
   event; with another backend ``Backend.publish``, e.g. one Redis round-trip each);
@@ -42,6 +43,7 @@ async def bench_session(request: HttpRequest) -> HttpResponse:
         {
             "channel": session_id,
             "token": issue_token(session_id, ["read"], "bench"),
+            "publish_token": issue_token(session_id, ["publish"], "bench"),
             "path": f"/session/{session_id}/events",
         }
     )

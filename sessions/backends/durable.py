@@ -286,9 +286,11 @@ class DurableBackend(MemoryBackend):
         key: IdempotencyKey | None = None,
         *,
         closes: bool = False,
-    ) -> tuple[Frame, asyncio.Future[Any]] | None:
+        wait: bool = True,
+    ) -> tuple[Frame, asyncio.Future[Any] | None] | None:
         """Give the event the next id and submit it; the frame (delivered after the
-        commit) and the commit's future, or None (closed, or not an event). Never awaits."""
+        commit) and the commit's future (None without ``wait``), or None (closed, or not
+        an event). Never awaits."""
         assert isinstance(live, DurableLiveSession)
         log = self.log
         if live.bus.closed or live._closing or log is None:
@@ -329,6 +331,9 @@ class DurableBackend(MemoryBackend):
             (key.key, key.digest, epoch) if key is not None else None,
             closes,
         )
+        if not wait:
+            log.submit_nowait(op, committed)
+            return frame, None
         return frame, log.submit(op, committed)
 
     async def publish(
@@ -354,6 +359,7 @@ class DurableBackend(MemoryBackend):
         if appended is None:
             return None
         frame, future = appended
+        assert future is not None
         published: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
         if idempotency is not None:
             live._pending_keys[idempotency.key] = (idempotency.digest, published)
@@ -412,7 +418,7 @@ class DurableBackend(MemoryBackend):
                 )
             return None
         try:
-            appended = self._append(live, event)
+            appended = self._append(live, event, wait=False)
         except Exception:  # never raises (EB-2)
             logger.exception("publish failed unexpectedly; event dropped")
             return None
@@ -438,6 +444,7 @@ class DurableBackend(MemoryBackend):
         if appended is None:
             raise SessionClosedError(session_id, live.owner_id)
         frame, future = appended
+        assert future is not None
         live._closing = True
         try:
             await self._wait(future)

@@ -29,8 +29,11 @@ Files
     The log file is created 0600; ``<path>.lock`` is held with ``fcntl.flock`` for the
     writer's lifetime (:class:`LogLockedError` when another process holds it). WAL mode,
     ``synchronous`` NORMAL (survives a process crash) or FULL (survives a power loss);
-    the WAL is checkpointed (``PASSIVE``) every :data:`CHECKPOINT_EVERY_COMMITS` commits and
-    ``journal_size_limit`` truncates it, so it stays bounded. ``auto_vacuum=INCREMENTAL``:
+    the WAL is checkpointed (``PASSIVE``) by a thread of its own with its own connection,
+    every :data:`CHECKPOINT_INTERVAL_S` or sooner after :data:`CHECKPOINT_EVERY_COMMITS`
+    commits (a checkpoint syncs the files: in the writer's thread it would stall commits
+    for the length of an fsync), and ``journal_size_limit`` truncates it, so it stays
+    bounded. ``auto_vacuum=INCREMENTAL``:
     freed pages go back to the file system a few at a time (:meth:`EventLog.trim`).
 """
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import queue
@@ -69,6 +73,7 @@ logger = logging.getLogger("qwenweb.event_log")
 MAX_BATCH: Final = 10_000
 """The most operations one commit takes (a burst beyond it goes into the next one)."""
 CHECKPOINT_EVERY_COMMITS: Final = 200
+CHECKPOINT_INTERVAL_S: Final = 1.0
 """A passive WAL checkpoint after this many commits (SQLite's own is every 1000 pages)."""
 TRIM_STEP_ROWS: Final = 500
 """Rows one background deletion step removes at most (a short write lock)."""
@@ -210,6 +215,57 @@ class _Item:
     error: BaseException | None = None
 
 
+ROWS_PER_INSERT: Final = 500
+"""Event rows one INSERT statement writes at most (5 parameters each)."""
+
+
+@functools.cache
+def _insert_events_sql(rows: int) -> str:
+    return "INSERT INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * rows)  # noqa: S608 - placeholders only
+
+
+class _Rows:
+    """The appends of one commit, written with one ``executemany`` per table."""
+
+    __slots__ = ("events", "heads", "keys")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, str, bytes, float]] = []
+        self.keys: list[tuple[str, str, str, int, str, float]] = []
+        self.heads: dict[str, tuple[int, float | None]] = {}
+
+    def clear(self) -> None:
+        self.events, self.keys, self.heads = [], [], {}
+
+    def add(self, op: Append) -> float:
+        now = time.time()
+        self.events.append((op.session_id, op.event_id, op.type, op.body, now))
+        if op.key is not None:
+            key, digest, epoch = op.key
+            self.keys.append((op.session_id, key, digest, op.event_id, epoch, now))
+        closed = self.heads.get(op.session_id, (0, None))[1]
+        self.heads[op.session_id] = (op.event_id + 1, now if op.closes else closed)
+        return now
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        # Many rows per statement: sqlite3 lets go of the GIL around each step, and under a
+        # busy event loop each step then waits for the GIL again (a convoy): one statement
+        # of ROWS_PER_INSERT rows costs one wait instead of hundreds.
+        events = self.events
+        for start in range(0, len(events), ROWS_PER_INSERT):
+            chunk = events[start : start + ROWS_PER_INSERT]
+            conn.execute(_insert_events_sql(len(chunk)), [v for row in chunk for v in row])
+        if self.keys:
+            conn.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?)", self.keys)
+        for session_id, (next_id, closed_at) in self.heads.items():
+            conn.execute(
+                "UPDATE heads SET next_id = max(next_id, ?), closed_at = coalesce(?, closed_at) "
+                "WHERE session_id = ?",
+                (next_id, closed_at, session_id),
+            )
+        self.clear()
+
+
 @dataclass(slots=True)
 class LogStats:
     """What ``/metrics`` shows: commits, the last batch size, bytes, rows."""
@@ -264,6 +320,9 @@ class EventLog:
         self._commits = 0
         self._closed = False
         self._torn = False
+        self._rows = _Rows()
+        self._checkpointer: threading.Thread | None = None
+        self._checkpoint_due = threading.Event()
         self._running = threading.Event()
         self._running.set()
 
@@ -318,6 +377,14 @@ class EventLog:
 
     # -- submitting (on the loop) ------------------------------------------------------
 
+    def submit_nowait(self, op: Any, on_done: Callable[[Any, BaseException | None], None]) -> None:
+        """:meth:`submit` without a future (in-process publishers): only ``on_done``."""
+        item = _Item(op, None, on_done)
+        if self._closed:
+            self._finish([item], EventLogError(f"event log {self.path} is closed"))
+        else:
+            self._queue.put(item)
+
     def submit(
         self, op: Any, on_done: Callable[[Any, BaseException | None], None] | None = None
     ) -> asyncio.Future[Any]:
@@ -360,6 +427,10 @@ class EventLog:
             self._release_lock()
             ready.put(exc)
             return
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_forever, name="qwenweb-event-log-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
         ready.put(None)
         stop = False
         while not stop:
@@ -430,6 +501,7 @@ class EventLog:
                 raise ForeignLogError(f"event log {path}: WAL mode refused ({mode})")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread's work
             conn.executescript(_SCHEMA)
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
@@ -472,7 +544,32 @@ class EventLog:
         conn.execute("COMMIT")
         self._measure()
 
+    def _checkpoint_forever(self) -> None:
+        """The checkpointer thread: a PASSIVE checkpoint per interval or when due."""
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error:
+            logger.exception("event_log_checkpointer_failed path=%s", self.path)
+            return
+        try:
+            conn.execute("PRAGMA busy_timeout=1000")
+            while not self._closed:
+                self._checkpoint_due.wait(CHECKPOINT_INTERVAL_S)
+                self._checkpoint_due.clear()
+                if self._closed:
+                    break
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:
+                    logger.debug("event_log_checkpoint_failed error=%s", exc)
+        finally:
+            conn.close()
+
     def _shut(self) -> None:
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            self._checkpoint_due.set()
+            checkpointer.join(10)
         conn = self._conn
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -500,8 +597,10 @@ class EventLog:
                 )
             conn.execute("BEGIN IMMEDIATE")
             rows_before = self.stats.rows
+            self._rows.clear()
             for item in batch:
                 item.result = self._apply(conn, item)
+            self._rows.flush(conn)
             if self.stats.rows != rows_before:
                 conn.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('rows', ?)", (str(self.stats.rows),)
@@ -540,8 +639,7 @@ class EventLog:
             del self.stats.batch_sizes[:-1000], self.stats.latencies_s[:-1000]
             self._commits += 1
             if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                self._checkpoint_due.set()
             if self._commits % 20 == 0:
                 self._measure()
         try:
@@ -560,23 +658,10 @@ class EventLog:
                     item.error = EventLogError("an earlier event of the session failed")
                     return None
                 del self._failed_from[op.session_id]
-            now = time.time()
-            conn.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                (op.session_id, op.event_id, op.type, op.body, now),
-            )
-            conn.execute(
-                "UPDATE heads SET next_id = max(next_id, ?), closed_at = ? WHERE session_id = ?",
-                (op.event_id + 1, now if op.closes else None, op.session_id),
-            )
-            if op.key is not None:
-                key, digest, epoch = op.key
-                conn.execute(
-                    "INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?)",
-                    (op.session_id, key, digest, op.event_id, epoch, now),
-                )
+            now = self._rows.add(op)
             self.stats.rows += 1
             return now
+        self._rows.flush(conn)  # (what comes next may read what the appends wrote)
         if isinstance(op, OpenSession):
             return self._open_session(conn, op)
         if isinstance(op, CloseSession):
