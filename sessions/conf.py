@@ -116,7 +116,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     # DATA_UPLOAD_MAX_MEMORY_SIZE, 64 MiB + 1, above the range's top, never cuts first).
     "PUBLISH_MAX_BODY_BYTES": 2 * _MIB,
     "ID_RESERVATION_BLOCK": 100_000,
-    "BACKEND": "memory",
+    "BACKEND": "durable",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "REDIS_KEY_PREFIX": "qwenweb",
     "PROCESS_TTL_S": 10.0,

@@ -1,4 +1,5 @@
-"""The memory backend (the default): one process, the bus assigns ids and holds the ring.
+"""The memory backend (``BACKEND = "memory"``): one process, the bus assigns ids and holds
+the ring; the durable default (:mod:`sessions.backends.durable`) builds on it.
 
 A session's bus starts above every id an earlier process could have issued: its row's
 ``event_id_reserved`` mark, renewed a block ahead in the background (EB-1, ids never
