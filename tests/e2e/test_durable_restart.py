@@ -1,12 +1,13 @@
 """A crash or a restart of the only server process is just another disconnect (issue 24).
 
-One ``python -m qwenweb.serve`` process on a fresh database, the durable backend, a
-publisher posting over HTTP all along; the server's whole process group is killed with
-SIGKILL ``QWENWEB_SOAK_KILLS`` times (5; ``make soak``: 20) and stopped with SIGTERM
-(``DRAIN_S=1``) ``QWENWEB_SOAK_TERMS`` times (1; ``make soak``: 5), each time restarted on
-the same database. Then a client away since before the first crash resumes with its
-cursor and epoch: it gets every acknowledged event since, once, in order, then
-``replay_complete``, and no ``state_resync_required``.
+One ``python -m qwenweb.serve`` process on a fresh database with the default settings
+(the durable backend, its log beside the database), a publisher posting over HTTP all
+along; the server's whole process group is killed with SIGKILL ``QWENWEB_SOAK_KILLS``
+times (5; ``make soak``: 20) and stopped with SIGTERM (``DRAIN_S=1``)
+``QWENWEB_SOAK_TERMS`` times (1; ``make soak``: 5), each time restarted on the same
+database. Then a client away since before the first crash resumes with its cursor and
+epoch: it gets every acknowledged event since, once, in order, then ``replay_complete``,
+and no ``state_resync_required``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def _server(port: int, env: dict[str, str], log: Path) -> ServerProcess:
 async def test_kill_9_and_sigterm_restarts_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     database = tmp_path / "db.sqlite3"
     migrate(database)
-    env = server_env(database, QWENWEB_BACKEND="durable", QWENWEB_DRAIN_S="1")
+    env = server_env(database, QWENWEB_DRAIN_S="1")
+    env.pop("QWENWEB_BACKEND", None)  # the default settings: the durable backend
+    env.pop("QWENWEB_EVENT_LOG_PATH")  # its log beside the database
     port = free_port()
     server = _server(port, env, tmp_path / "serve.log")
     session = RemoteSession.create(server.base_url, ringSize=10_000)
