@@ -16,6 +16,7 @@ import pytest
 from sessions.backends import backends, get_backend
 from sessions.backends.durable import DurableBackend, log_path
 from sessions.conf import get_config
+from sessions.hooks import hooks
 from tests.integration.conftest import (
     assert_error,
     call,
@@ -232,3 +233,16 @@ async def test_store_figures_show_commits_bytes_and_rows(make_session: Any) -> N
     again = durable().store_figures()
     assert again is not None
     assert again.batch_sizes == []  # since the last call
+
+
+async def test_a_draining_process_still_takes_publishes() -> None:
+    hooks.draining = True  # (reset by the autouse fixture)
+    assert durable().takes_publishes()
+
+
+async def test_check_deploy_says_which_durability_level_runs() -> None:
+    config = get_config()
+    ((problem, hint),) = DurableBackend.deploy_problems(config)
+    assert "NORMAL" in problem
+    assert "FULL" in hint
+    assert DurableBackend.deploy_problems(replace(config, event_log_synchronous="FULL")) == []
