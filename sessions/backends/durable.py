@@ -51,7 +51,11 @@ from sessions.backends.event_log import (
     OpenSession,
 )
 from sessions.backends.event_log import StorageFullError as _LogFull
-from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore
+from sessions.backends.idempotency import (
+    IdempotencyKey,
+    IdempotencyKeyReusedError,
+    IdempotencyStore,
+)
 from sessions.backends.memory import MemoryBackend
 from sessions.backends.redis_store import entry_json
 from sessions.bus import Frame, encode_envelope, envelope_fields
@@ -394,8 +398,6 @@ class DurableBackend(MemoryBackend):
             return None
         digest, future = pending
         if digest != idempotency.digest:
-            from sessions.backends.idempotency import IdempotencyKeyReusedError
-
             raise IdempotencyKeyReusedError(idempotency.key)
         return future
 
@@ -423,6 +425,33 @@ class DurableBackend(MemoryBackend):
             logger.exception("publish failed unexpectedly; event dropped")
             return None
         return appended[0] if appended is not None else None
+
+    async def recall(self, session_id: str, idempotency: IdempotencyKey) -> Published | None:
+        """The first answer of ``idempotency`` in the session, from this process or, after
+        a restart, from the log (a close retried after a crash answers its first result).
+
+        Raises :class:`IdempotencyKeyReusedError` (another digest)."""
+        found = await super().recall(session_id, idempotency)
+        log = self.log
+        if found is not None or log is None:
+            return found
+        key = idempotency.key
+
+        def read(conn: Any) -> Any:
+            return conn.execute(
+                "SELECT id, epoch, digest FROM keys WHERE session_id = ? AND key = ? AND at >= ?",
+                (session_id, key, time.time() - self.config.idempotency_ttl_s),
+            ).fetchone()
+
+        try:
+            row = await asyncio.shield(log.submit(read))
+        except EventLogError:
+            return None
+        if row is None:
+            return None
+        if row[2] != idempotency.digest:
+            raise IdempotencyKeyReusedError(key)
+        return Published(int(row[0]), str(row[1]), replayed=True)
 
     async def close_session(
         self,

@@ -246,3 +246,14 @@ async def test_check_deploy_says_which_durability_level_runs() -> None:
     assert "NORMAL" in problem
     assert "FULL" in hint
     assert DurableBackend.deploy_problems(replace(config, event_log_synchronous="FULL")) == []
+
+
+async def test_a_close_retried_after_restart_gets_its_first_answer(make_session: Any) -> None:
+    sid = await make_session()
+    headers = await _publish_headers(sid, {"idempotency-key": "close-1"})
+    first = await call("POST", f"/session/{sid}/close", headers=headers)
+    await restart()
+    again = await call("POST", f"/session/{sid}/close", headers=headers)
+    assert again.status == 200
+    assert again.json()["lastEventId"] == first.json()["lastEventId"]
+    assert again.headers.get("idempotent-replayed") == "true"
