@@ -1,7 +1,8 @@
 """Bench routes for qwenweb in front of the project's URLs (see ``qwenweb_bench_settings``).
 
 - ``POST /bench/session[?scope=read,publish]``: a new session; ``{"channel", "token",
-  "path"}`` (a token of those scopes, default read).
+  "path", "publish_token"}`` (``token`` of those scopes, default read; ``publish_token``:
+  a publish token).
 - ``POST /bench/burst?channel=&n=&size=&rate=&batch=``: publish ``n`` bench events through
   ``MemoryBackend.publish_nowait`` on the server's event loop (in-process, no HTTP per
   event; with another backend ``Backend.publish``, e.g. one Redis round-trip each);
@@ -53,6 +54,7 @@ async def bench_session(request: HttpRequest) -> HttpResponse:
         {
             "channel": session_id,
             "token": issue_token(session_id, request.GET.get("scope", "read").split(","), "bench"),
+            "publish_token": issue_token(session_id, ["publish"], "bench"),
             "path": f"/session/{session_id}/events",
         }
     )

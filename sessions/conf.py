@@ -108,6 +108,10 @@ ENV_OVERRIDES: Final = {
     "SNAPSHOT_MAX_BYTES": "QWENWEB_SNAPSHOT_MAX_BYTES",
     "STREAM_COMPRESSION": "QWENWEB_STREAM_COMPRESSION",
     "CLOSED_HISTORY_S": "QWENWEB_CLOSED_HISTORY_S",
+    "EVENT_LOG_PATH": "QWENWEB_EVENT_LOG_PATH",
+    "EVENT_LOG_SYNCHRONOUS": "QWENWEB_EVENT_LOG_SYNCHRONOUS",
+    "EVENT_LOG_MAX_BYTES": "QWENWEB_EVENT_LOG_MAX_BYTES",
+    "EVENT_LOG_ON_MISMATCH": "QWENWEB_EVENT_LOG_ON_MISMATCH",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -124,7 +128,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     # DATA_UPLOAD_MAX_MEMORY_SIZE, 64 MiB + 1, above the range's top, never cuts first).
     "PUBLISH_MAX_BODY_BYTES": 2 * _MIB,
     "ID_RESERVATION_BLOCK": 100_000,
-    "BACKEND": "memory",
+    "BACKEND": "durable",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "REDIS_KEY_PREFIX": "qwenweb",
     "PROCESS_TTL_S": 10.0,
@@ -171,6 +175,12 @@ _DEFAULTS: Final[dict[str, Any]] = {
     # EB-17: gzip the stream when the client accepts it (docs/protocol.md, "Compression").
     "STREAM_COMPRESSION": True,
     "CLOSED_HISTORY_S": 86400.0,  # a day
+    # Durable backend (docs/protocol.md "Durable history"): "" derives the path from the
+    # database (sessions.backends.durable.log_path).
+    "EVENT_LOG_PATH": "",
+    "EVENT_LOG_SYNCHRONOUS": "NORMAL",
+    "EVENT_LOG_MAX_BYTES": 10 * 1024 * _MIB,
+    "EVENT_LOG_ON_MISMATCH": "refuse",
 }
 
 # key -> (kind, minimum, maximum)
@@ -217,6 +227,12 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "SNAPSHOT_LIMIT": (int, 1, 5000),
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
     "CLOSED_HISTORY_S": (float, 0, 10 * 365 * 86400),
+    "EVENT_LOG_MAX_BYTES": (int, 16 * _MIB, MAX_SAFE_INTEGER),
+}
+#: Choices of the settings that take a word (the first is the default).
+_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "EVENT_LOG_SYNCHRONOUS": ("NORMAL", "FULL"),
+    "EVENT_LOG_ON_MISMATCH": ("refuse", "new_epoch"),
 }
 TCP_USER_TIMEOUT_GRACE_S: Final = 2.0
 """How much longer than the writer idle timeout the kernel waits for an acknowledgement
@@ -226,7 +242,7 @@ subscriber gets ``client_evicted``."""
 _TCP_USER_TIMEOUT_RANGE: Final = (0.0, 3600.0)
 #: The most events one ``GET /session/<id>`` answers, whatever ``?limit=`` asks.
 SNAPSHOT_MAX_LIMIT: Final = 5000
-_BACKEND_ALIASES: Final = ("memory", "redis")
+_BACKEND_ALIASES: Final = ("memory", "redis", "durable")
 _BOOL_WORDS: Final = {"1": True, "true": True, "yes": True, "on": True, "0": False,
                       "false": False, "no": False, "off": False}  # fmt: skip
 # Or the dotted path of a Backend subclass (checked for importability by sessions.checks).
@@ -318,6 +334,15 @@ class QwenwebConfig:
     stream_compression: bool
     #: How long a closed session's history stays readable (snapshot), seconds.
     closed_history_s: float
+    #: Durable backend: the log file ("" = beside the SQLite database, or
+    #: var/events-<fingerprint>.sqlite3), its SQLite ``synchronous`` level (NORMAL survives
+    #: a process crash, FULL a power loss), its disk budget (bytes), and what to do with a
+    #: log of another deployment or an unreadable one (refuse to start, or set it aside
+    #: and start a new epoch above every id ever issued).
+    event_log_path: str
+    event_log_synchronous: str
+    event_log_max_bytes: int
+    event_log_on_mismatch: str
 
     @property
     def peer_timeout_s(self) -> float | None:
@@ -381,6 +406,16 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         return None, f"{source} must be empty or at least 16 printable characters"
     if key == "METRICS_ALLOWED_NETS":
         return _coerce_nets(source, raw)
+    if key == "EVENT_LOG_PATH":
+        if isinstance(raw, str) and "\x00" not in raw:
+            return raw.strip(), None
+        return None, f"{source} must be a file path (or empty: derived); got {raw!r}"
+    if key in _CHOICES:
+        word = raw.strip() if isinstance(raw, str) else raw
+        for choice in _CHOICES[key]:
+            if isinstance(word, str) and word.lower() == choice.lower():
+                return choice, None
+        return None, f"{source} must be one of {', '.join(_CHOICES[key])}; got {raw!r}"
     if key == "MAX_RING_BYTES_TOTAL" and raw in (None, ""):
         return default_ring_bytes_total(), None
     kind, low, high = _RANGES[key]

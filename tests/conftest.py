@@ -36,13 +36,42 @@ hooks.disconnect(metrics)
 
 
 @pytest.fixture(autouse=True)
-def _fresh_backend() -> Iterator[None]:
+def _fresh_backend(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Each test gets a backend of its own (no bus loaded, no server loop captured):
-    buses belong to one event loop (EB-11). Also forgets the operator records and feed."""
+    buses belong to one event loop (EB-11). Also forgets the operator records and feed.
+
+    The durable backend's log is a file of the test's own (servers started by the test
+    get theirs beside their database: ``tests.support.server.server_env``); it is closed
+    when the test ends."""
+    log = tmp_path_factory.mktemp("log") / "events.sqlite3"
+    monkeypatch.setenv("QWENWEB_EVENT_LOG_PATH", str(log))
+    get_config.cache_clear()
     backends.set(None)
     _forget_operator_state()
     yield
+    close_log = getattr(backends.current, "close_log", None)
+    if close_log is not None:
+        close_log()
     _forget_operator_state()
+
+
+@pytest.fixture
+def memory_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test (and the servers it starts) on the memory-only backend
+    (``BACKEND=memory``), for behaviour the durable default does not have."""
+    monkeypatch.setenv("QWENWEB_BACKEND", "memory")
+    get_config.cache_clear()
+    backends.set(None)
+
+
+@pytest.fixture
+def durable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test on the durable backend (``BACKEND=durable``), whatever the default."""
+    monkeypatch.setenv("QWENWEB_BACKEND", "durable")
+    get_config.cache_clear()
+    backends.set(None)
 
 
 def _forget_operator_state() -> None:

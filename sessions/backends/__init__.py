@@ -1,7 +1,8 @@
 """Backends: where live sessions are held, chosen once per process from settings.
 
-``QWENWEB["BACKEND"]`` (or ``$QWENWEB_BACKEND``) is ``"memory"`` (the default, one
-process), ``"redis"`` (several processes share sessions through Redis) or the dotted
+``QWENWEB["BACKEND"]`` (or ``$QWENWEB_BACKEND``) is ``"durable"`` (the default, one
+process, history in an event log on disk), ``"memory"`` (one process, nothing outlives
+it), ``"redis"`` (several processes share sessions through Redis) or the dotted
 path of a :class:`~sessions.backends.base.Backend` subclass of your own; it is built the
 way Channels builds its channel layer (``import_string``), with the effective settings
 and the process's :data:`sessions.hooks.hooks`. This is the only place that knows which
@@ -24,6 +25,7 @@ __all__ = ["BACKEND_ALIASES", "BackendHandler", "backends", "get_backend", "reso
 BACKEND_ALIASES: Final = {
     "memory": "sessions.backends.memory.MemoryBackend",
     "redis": "sessions.backends.redis.RedisBackend",
+    "durable": "sessions.backends.durable.DurableBackend",
 }
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "SessionClosedError",
     "SessionNotFoundError",
     "SnapshotPage",
+    "StoreFigures",
 ]
 
 logger = logging.getLogger("qwenweb.backend")
@@ -134,6 +135,18 @@ class Disconnected:
 
     here: int
     told: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFigures:
+    """A durable store's figures for ``/metrics`` (:meth:`Backend.store_figures`): each
+    commit's batch size (events and other writes) and latency (seconds) since the last
+    call, the store's files (bytes) and its event rows."""
+
+    batch_sizes: Sequence[int]
+    commit_latencies_s: Sequence[float]
+    file_bytes: int
+    rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,6 +625,11 @@ class Backend(ABC):
     async def health(self) -> Health:
         """Whether this backend can serve now (a shared store answers, its reader runs)."""
         return Health(True)
+
+    def store_figures(self) -> StoreFigures | None:
+        """The figures of a store on this machine's disk since the last call (on the loop),
+        or None (none: memory, Redis). Never raises, never awaits."""
+        return None
 
     # -- revocation (docs/protocol.md, "Revocation") ------------------------------------
 

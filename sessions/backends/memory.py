@@ -1,4 +1,5 @@
-"""The memory backend (the default): one process, the bus assigns ids and holds the ring.
+"""The memory backend (``BACKEND = "memory"``): one process, the bus assigns ids and holds
+the ring; the durable default (:mod:`sessions.backends.durable`) builds on it.
 
 A session's bus starts above every id an earlier process could have issued: its row's
 ``event_id_reserved`` mark, renewed a block ahead in the background (EB-1, ids never
@@ -82,8 +83,7 @@ class MemoryBackend(Backend):
             holder=rows.process_holder(),
             hold_ttl_s=config.session_hold_ttl_s,
         )
-        if self._housekeeper is None or self._housekeeper.done():
-            self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
+        self._start_tasks()
         bus = self.new_bus(session_id, row.ring_size or config.ring_size, start_id=start_id)
         logger.info(
             "bus_started session=%s start_id=%d reserved_until=%d epoch=%s ring_size=%d",
@@ -182,6 +182,18 @@ class MemoryBackend(Backend):
             raise SessionClosedError(session_id, live.owner_id)
         if published.replayed:  # (a key records a close only once it closed: not reached)
             return published
+        await self._after_close(live)
+        return published
+
+    def _start_tasks(self) -> None:
+        """Start the housekeeping task on this loop if it does not run (on the loop)."""
+        if self._housekeeper is None or self._housekeeper.done():
+            self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
+
+    async def _after_close(self, live: LiveSession) -> None:
+        """Close the bus of a session whose ``session_closed`` is published, keep its keys,
+        mark its row closed, unregister it and announce :meth:`Hooks.session_closed`."""
+        session_id = live.session_id
         live.bus.close()
         if live.idempotency is not None:
             self._drop_expired_closed_keys()
@@ -196,7 +208,6 @@ class MemoryBackend(Backend):
         last_id = live.bus.last_event_id
         logger.info("session_closed session=%s last_event_id=%d", session_id, last_id)
         self.hooks.session_closed(session_id, last_id)
-        return published
 
     def _drop_expired_closed_keys(self) -> None:
         """Drop the stores of sessions closed ``IDEMPOTENCY_TTL_S`` ago or more: every key

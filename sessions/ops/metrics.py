@@ -84,6 +84,8 @@ delivery about 100 ns without it)."""
 LATENCY_BUCKETS_S: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+#: Writes per event log commit (group commit: a burst shares one).
+COMMIT_BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 10_000)
 
 _PID_FILE: Final = re.compile(r"_(\d+)\.db$")
 
@@ -155,6 +157,23 @@ class Families:
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
+        # A durable store on this machine's disk (the durable backend's event log).
+        self.commit_batch = Histogram(
+            "qwenweb_event_log_commit_batch_size", "Writes per event log commit.",
+            buckets=COMMIT_BATCH_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.commit_latency = Histogram(
+            "qwenweb_event_log_commit_seconds", "Event log commit latency (one transaction).",
+            buckets=LATENCY_BUCKETS_S, registry=registry,
+        )  # fmt: skip
+        self.log_bytes = Gauge(
+            "qwenweb_event_log_bytes", "Bytes of the event log's files (database + WAL).",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.log_rows = Gauge(
+            "qwenweb_event_log_rows", "Events held in the event log.",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         # Declare the labelled families' usual children: a scrape lists them at 0.
         for reason in ("queue_overflow", "queue_bytes_overflow", "writer_idle_timeout"):
             self.evictions.labels(reason=reason)
@@ -294,6 +313,7 @@ class Metrics(Listener):
         try:
             self._flush_totals()
             self._flush_buses()
+            self._flush_store()
         except Exception:
             logger.exception("metrics_flush_failed")
 
@@ -320,6 +340,18 @@ class Metrics(Listener):
             metric.stream_errors.labels(code=code).inc(count)
         for seconds in latencies:
             metric.latency.observe(seconds)
+
+    def _flush_store(self) -> None:
+        figures = get_backend().store_figures()
+        if figures is None:
+            return
+        metric = families()
+        for size in figures.batch_sizes:
+            metric.commit_batch.observe(size)
+        for seconds in figures.commit_latencies_s:
+            metric.commit_latency.observe(seconds)
+        metric.log_bytes.set(figures.file_bytes)
+        metric.log_rows.set(figures.rows)
 
     def _flush_buses(self) -> None:
         backend = get_backend()

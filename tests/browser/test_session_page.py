@@ -22,7 +22,7 @@ from tests.browser.conftest import (
     number_in,
     screenshot,
 )
-from tests.support.backend import memory_only, redis_only
+from tests.support.backend import memory_only
 from tests.support.server import ServerProcess, request_json, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -194,8 +194,8 @@ def _restart_while_open(
 
 
 @memory_only(
-    "a restarted server starts a new id sequence; with Redis it outlives the process "
-    "(test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows)"
+    "a restarted memory-only server starts a new id sequence; with the durable and Redis "
+    "backends it outlives the process (test_server_restart_resumes_without_resync_...)"
 )
 def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
@@ -222,11 +222,11 @@ def test_server_restart_with_same_database_recovers_without_duplicate_rows(
     expect(page.locator("#cursor")).to_have_text(str(after[-1]))
 
 
-@redis_only("the id sequence outlives the process there")
-def test_server_restart_with_redis_resumes_without_resync_or_duplicate_rows(
+def test_server_restart_resumes_without_resync_or_duplicate_rows(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
-    # The Redis backend: the restarted server serves the same ids and epoch (EB-7 resume).
+    # The durable backend (the default; its event log) and the Redis backend: the restarted
+    # server serves the same ids and epoch (EB-7 resume).
     session, view, before = _restart_while_open(page, start_server("serve"))
     view.expect_state("open")
     after = session.say("four ", "five ")

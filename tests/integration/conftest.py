@@ -442,7 +442,8 @@ async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
 
     The stream's pump cannot run in between, so the frames pile up in the subscriber
     queue exactly as they would behind a client that stops reading (EB-3, EB-4).
-    Memory backend: published on the bus directly (no await). Redis backend: published
+    Memory backend: published on the bus directly (no await); durable backend: in one
+    commit, delivered in one callback. Redis backend: published
     through Redis while this process's reader does not watch the session, then handed to
     the mirror in one reader callback (``RedisBackend._on_entries``), as one ``XREAD`` would.
     """
@@ -450,8 +451,19 @@ async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
     assert live is not None, f"session {session_id} is not loaded"
     events = [{"type": event_type, "data": {"n": n}} for n in range(count)]
     if not get_backend().supports_multiple_processes:
-        for event in events:
-            assert backend.as_memory().publish_nowait(live, event) is not None
+        # The durable backend delivers after the commit: the writer waits while the events
+        # are submitted, so that they reach the bus in one commit, with no yield between.
+        log = getattr(get_backend(), "log", None)
+        if log is not None:
+            log.pause()
+        try:
+            for event in events:
+                assert backend.as_memory().publish_nowait(live, event) is not None
+        finally:
+            if log is not None:
+                log.resume()
+        if log is not None:
+            await log.submit(lambda conn: None)  # every event before it is delivered
         return
     store = backend.as_redis().store()
     after = live.bus.last_event_id

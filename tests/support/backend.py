@@ -26,10 +26,13 @@ import itertools
 import os
 import secrets
 import sys
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar, cast
 
 import pytest
 import redis
+
+_T = TypeVar("_T")
 
 USING_REDIS: Final = os.environ.get("QWENWEB_BACKEND") == "redis"
 """Whether this run selects the Redis backend (the environment overrides settings)."""
@@ -42,9 +45,16 @@ DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"  # sessions.conf's default
 _per_test = itertools.count(1)
 
 
-def memory_only(reason: str) -> pytest.MarkDecorator:
-    """Skip a test about the memory backend's behaviour when the run uses Redis."""
-    return pytest.mark.skipif(USING_REDIS, reason=f"memory backend internals: {reason}")
+def memory_only(reason: str) -> Callable[[_T], _T]:
+    """Run a test about the memory-only backend's behaviour on that backend (the default
+    is the durable one: fixture ``memory_backend``); skip it when the run uses Redis."""
+    skip = pytest.mark.skipif(USING_REDIS, reason=f"memory backend internals: {reason}")
+    use = pytest.mark.usefixtures("memory_backend")
+
+    def decorate(test: _T) -> _T:
+        return cast(_T, use(skip(test)))
+
+    return decorate
 
 
 def redis_only(reason: str) -> pytest.MarkDecorator:

@@ -50,6 +50,10 @@ def server_env(database_path: Path, **extra: str) -> dict[str, str]:
     # A server stopped with open streams drains them over DRAIN_S (default 10 s); tests
     # that stop servers must not wait that long (stop_process kills after 10 s).
     env.setdefault("QWENWEB_DRAIN_S", "1")
+    # The durable backend's log: one per server environment, beside its database (several
+    # servers of a test run share one database; one log has one writer). A server restarted
+    # with the same environment finds its log again.
+    env["QWENWEB_EVENT_LOG_PATH"] = f"{database_path}.events-{secrets.token_hex(4)}.sqlite3"
     env.update(
         DATABASE_URL=f"sqlite:///{database_path}",
         DJANGO_SETTINGS_MODULE="qwenweb.settings",

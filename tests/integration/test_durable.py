@@ -1,0 +1,259 @@
+"""The durable backend through the application: acknowledged = committed, restarts resume.
+
+A "restart" here is a new backend on the same log and database (the old one closed): what
+a new process sees. A crash of the process is the end-to-end test's (test_durable_restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sessions.backends import backends, get_backend
+from sessions.backends.durable import DurableBackend, log_path
+from sessions.conf import get_config
+from sessions.process_state import process_state
+from tests.integration.conftest import (
+    assert_error,
+    call,
+    close,
+    load,
+    publish,
+    publish_many,
+)
+from tests.support.backend import USING_REDIS
+
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(USING_REDIS, reason="the durable backend's own behaviour"),
+    pytest.mark.usefixtures("durable_backend"),
+]
+
+WAIT_S = 5.0
+
+
+def durable() -> DurableBackend:
+    backend = get_backend()
+    assert isinstance(backend, DurableBackend), backend
+    return backend
+
+
+async def restart() -> None:
+    """What a new process sees: the old backend closed, a new one on the same log."""
+    await durable().aclose()
+    backends.set(None)
+
+
+def _ids(frames: list[dict[str, Any]]) -> list[int]:
+    return [f["id"] for f in frames if "id" in f]
+
+
+async def test_resume_after_restart_replays_the_missed_events_without_resync(
+    make_session: Any, stream_of: Any
+) -> None:
+    sid = await make_session()
+    ids = await publish_many(sid, 5)
+    epoch = (await load(sid)).json()["epoch"]
+    await restart()
+    headers = {"last-event-id": str(ids[1]), "x-event-epoch": epoch}
+    stream = await stream_of(sid, headers=headers)
+    await stream.read_until_type("replay_complete")
+    assert "state_resync_required" not in stream.types
+    assert _ids(stream.frames) == ids[2:]
+
+
+async def test_ids_continue_in_the_same_epoch_after_restart(make_session: Any) -> None:
+    sid = await make_session()
+    first = (await publish(sid, {"type": "a"})).json()
+    await restart()
+    second = (await publish(sid, {"type": "b"})).json()
+    assert (second["epoch"], second["id"]) == (first["epoch"], first["id"] + 1)
+
+
+async def test_snapshot_after_restart_shows_the_history(make_session: Any) -> None:
+    sid = await make_session()
+    ids = await publish_many(sid, 3)
+    await restart()
+    page = (await load(sid)).json()
+    assert [event["id"] for event in page["events"]] == ids
+
+
+async def test_a_retried_key_after_restart_gets_its_first_answer(make_session: Any) -> None:
+    sid = await make_session()
+    headers = {"idempotency-key": "k-1"}
+    token_headers = await _publish_headers(sid, headers)
+    body = {"type": "a", "data": 1}
+    first = await call("POST", f"/session/{sid}/events", headers=token_headers, json_body=body)
+    await restart()
+    again = await call("POST", f"/session/{sid}/events", headers=token_headers, json_body=body)
+    assert again.json() == first.json()
+    assert again.headers.get("idempotent-replayed") == "true"
+
+
+async def test_publish_answers_and_delivers_only_after_the_commit(
+    make_session: Any, stream_of: Any
+) -> None:
+    sid = await make_session()
+    stream = await stream_of(sid)
+    log = durable().log
+    assert log is not None
+    log.pause()
+    try:
+        pending = asyncio.ensure_future(publish(sid, {"type": "a"}))
+        async with asyncio.timeout(WAIT_S):
+            while not durable()._pending:  # until the event waits for its commit
+                await asyncio.sleep(0)
+        assert not pending.done()
+        assert live_frames(stream) == []
+    finally:
+        log.resume()
+    async with asyncio.timeout(WAIT_S):
+        response = await pending
+    assert response.status == 200
+    frame = await stream.read_until_type("a")
+    assert frame["id"] == response.json()["id"]
+
+
+def live_frames(stream: Any) -> list[dict[str, Any]]:
+    return [f for f in stream.frames if "id" in f]
+
+
+async def test_publish_when_the_log_is_full_is_503_storage_full_then_resumes(
+    make_session: Any,
+) -> None:
+    sid = await make_session()
+    await publish_many(sid, 1)
+    log = durable().log
+    assert log is not None
+    log.max_bytes = 1  # past the disk budget, as a full disk fails the commit
+    refused = await publish(sid, {"type": "a"})
+    body = assert_error(refused, 503, "storage_full")
+    assert "disk" in body["error"]
+    assert refused.headers["retry-after"].isdigit()
+    assert not (await durable().health()).ok
+    log.max_bytes = 0
+    accepted = await publish(sid, {"type": "b"})
+    assert accepted.status == 200
+    assert accepted.json()["id"] == 2  # the refused event took no id
+    assert (await durable().health()).ok
+
+
+async def test_publish_nowait_past_the_pending_buffer_drops_and_counts(
+    make_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await make_session()
+    backend = durable()
+    live = await backend.get_live_session(sid)
+    monkeypatch.setattr("sessions.backends.durable.MAX_PENDING", 2)
+    assert backend.log is not None
+    backend.log.pause()
+    try:
+        taken = [backend.publish_nowait(live, {"type": "a"}) for _ in range(3)]
+    finally:
+        backend.log.resume()
+    assert [frame is not None for frame in taken] == [True, True, False]
+    assert backend.dropped == 1
+
+
+async def test_close_is_committed_and_the_closed_session_stays_closed_after_restart(
+    make_session: Any,
+) -> None:
+    sid = await make_session()
+    await publish_many(sid, 2)
+    assert (await close(sid)).status == 200
+    await restart()
+    assert_error(await publish(sid, {"type": "a"}), 409, "session_closed")
+
+
+@pytest.mark.xfail(strict=True, reason="needs issue 23's burst rule")
+async def test_a_committed_batch_larger_than_the_queue_does_not_evict_a_reader_that_kept_up(
+    make_session: Any, stream_of: Any
+) -> None:
+    sid = await make_session()
+    stream = await stream_of(sid, query="maxQueued=16")
+    backend = durable()
+    live = await backend.get_live_session(sid)
+    assert backend.log is not None
+    backend.log.pause()
+    try:
+        for n in range(40):  # a commit of 40 events, the reader's queue holds 16
+            assert backend.publish_nowait(live, {"type": "step", "data": n}) is not None
+    finally:
+        backend.log.resume()
+    await stream.read_until(lambda s: len(_ids(s.frames)) == 40 or "client_evicted" in s.types)
+    assert "client_evicted" not in stream.types
+
+
+async def _publish_headers(sid: str, extra: dict[str, str]) -> dict[str, str]:
+    from sessions.auth import issue_token
+
+    return {"authorization": f"Bearer {issue_token(sid, ['publish'])}", **extra}
+
+
+@pytest.mark.parametrize(
+    ("database", "expected"),
+    [
+        ({"ENGINE": "django.db.backends.sqlite3", "NAME": "/srv/q/db.sqlite3"},
+         "/srv/q/db.sqlite3.events.sqlite3"),
+        ({"ENGINE": "django.db.backends.postgresql", "NAME": "q", "HOST": "db", "PORT": 5432},
+         "/srv/q/var/events-"),
+    ],
+)  # fmt: skip
+async def test_the_log_lives_beside_sqlite_or_per_database_in_var(
+    database: dict[str, Any], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "sessions.backends.durable.settings",
+        SimpleNamespace(DATABASES={"default": database}, BASE_DIR="/srv/q"),
+    )
+    config = replace(get_config(), event_log_path="")
+    assert str(log_path(config)).startswith(expected)
+    other = {**database, "NAME": "other"}
+    monkeypatch.setattr(
+        "sessions.backends.durable.settings",
+        SimpleNamespace(DATABASES={"default": other}, BASE_DIR="/srv/q"),
+    )
+    assert log_path(config) != log_path(replace(config, event_log_path="/x.sqlite3"))
+
+
+async def test_store_figures_show_commits_bytes_and_rows(make_session: Any) -> None:
+    sid = await make_session()
+    await publish_many(sid, 3)
+    figures = durable().store_figures()
+    assert figures is not None
+    assert sum(figures.batch_sizes) >= 4  # the session's opening and 3 events
+    assert len(figures.commit_latencies_s) == len(figures.batch_sizes)
+    assert figures.rows == 3
+    assert figures.file_bytes > 0
+    again = durable().store_figures()
+    assert again is not None
+    assert again.batch_sizes == []  # since the last call
+
+
+async def test_a_draining_process_still_takes_publishes() -> None:
+    process_state.draining = True  # (reset by the autouse fixture)
+    assert durable().takes_publishes()
+
+
+async def test_check_deploy_says_which_durability_level_runs() -> None:
+    config = get_config()
+    ((problem, hint),) = DurableBackend.deploy_problems(config)
+    assert "NORMAL" in problem
+    assert "FULL" in hint
+    assert DurableBackend.deploy_problems(replace(config, event_log_synchronous="FULL")) == []
+
+
+async def test_a_close_retried_after_restart_gets_its_first_answer(make_session: Any) -> None:
+    sid = await make_session()
+    headers = await _publish_headers(sid, {"idempotency-key": "close-1"})
+    first = await call("POST", f"/session/{sid}/close", headers=headers)
+    await restart()
+    again = await call("POST", f"/session/{sid}/close", headers=headers)
+    assert again.status == 200
+    assert again.json()["lastEventId"] == first.json()["lastEventId"]
+    assert again.headers.get("idempotent-replayed") == "true"
