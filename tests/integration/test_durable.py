@@ -170,10 +170,8 @@ async def test_close_is_committed_and_the_closed_session_stays_closed_after_rest
     assert_error(await publish(sid, {"type": "a"}), 409, "session_closed")
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 23's burst rule")
-async def test_a_committed_batch_larger_than_the_queue_does_not_evict_a_reader_that_kept_up(
-    make_session: Any, stream_of: Any
-) -> None:
+async def _release_one_commit_of_40(make_session: Any, stream_of: Any) -> Any:
+    """A reader with maxQueued=16, then one commit of 40 events released to it at once."""
     sid = await make_session()
     stream = await stream_of(sid, query="maxQueued=16")
     backend = durable()
@@ -186,7 +184,25 @@ async def test_a_committed_batch_larger_than_the_queue_does_not_evict_a_reader_t
     finally:
         backend.log.resume()
     await stream.read_until(lambda s: len(_ids(s.frames)) == 40 or "client_evicted" in s.types)
+    return stream
+
+
+async def test_a_committed_batch_larger_than_the_queue_does_not_evict_a_reader_that_kept_up(
+    make_session: Any, stream_of: Any
+) -> None:
+    # EB-4/EB-5 with OVERFLOW_GRACE_S: a burst released at once is not a slow reader.
+    stream = await _release_one_commit_of_40(make_session, stream_of)
     assert "client_evicted" not in stream.types
+    assert _ids(stream.frames) == list(range(1, 41))
+
+
+@pytest.mark.usefixtures("strict_caps")
+async def test_control_the_strict_cap_evicts_the_reader_of_a_committed_batch(
+    make_session: Any, stream_of: Any
+) -> None:
+    # The control (OVERFLOW_GRACE_S=0): the same release overflows the 16-frame queue.
+    stream = await _release_one_commit_of_40(make_session, stream_of)
+    assert "client_evicted" in stream.types
 
 
 async def _publish_headers(sid: str, extra: dict[str, str]) -> dict[str, str]:
