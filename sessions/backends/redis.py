@@ -59,7 +59,8 @@ from sessions.backends.base import (
 )
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
-from sessions.backends.redis_control import RedisControlled
+from sessions.backends.redis_clients import sync_client
+from sessions.backends.redis_control import RedisControlled, redis_target
 from sessions.backends.redis_store import RedisStore, entry_json
 from sessions.bus import (
     EventBus,
@@ -130,12 +131,10 @@ class RedisBackend(RedisControlled):
 
     @classmethod
     def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
-        """Redis must answer at ``REDIS_URL`` (one PING, 1 s timeouts)."""
+        """Redis must answer at ``REDIS_URL`` or through its Sentinels (one PING, 1 s timeouts)."""
         import redis
 
-        client = redis.Redis.from_url(
-            config.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0
-        )
+        client = sync_client(redis_target(config), 1.0)
         try:
             client.ping()
         except (redis.RedisError, OSError) as exc:
@@ -143,7 +142,8 @@ class RedisBackend(RedisControlled):
                 (
                     "BACKEND is 'redis' but Redis does not answer at the configured URL: "
                     f"{type(exc).__name__}",
-                    "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL; until "
+                    "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL (or the "
+                    "REDIS_SENTINELS and REDIS_SENTINEL_SERVICE settings); until "
                     "it answers, publish and new streams get 503.",
                 )
             ]
@@ -168,7 +168,7 @@ class RedisBackend(RedisControlled):
         if self._store is None or self._store.loop is not loop:
             config = self.config
             self._store = RedisStore(
-                config.redis_url, config.redis_key_prefix, process_ttl_s=config.process_ttl_s
+                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s
             )
             self._store.start(
                 self._on_entries,

@@ -52,6 +52,7 @@ from redis import exceptions as redis_errors
 
 from sessions.backends.errors import BackendUnavailableError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
+from sessions.backends.redis_clients import RedisTarget, async_client, async_pool
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -160,24 +161,27 @@ class RedisStore:
     Must be created on the loop it will serve (``loop``).
 
     Args:
-        url: a redis-py URL (``redis://host:port/db``).
+        target: a redis-py URL (``redis://host:port/db``) or a :class:`RedisTarget`
+            (Sentinels: every connection follows the current primary).
         prefix: the key prefix (several deployments or test runs can share one Redis).
         process_ttl_s: how long a process's report stays without being renewed.
     """
 
-    def __init__(self, url: str, prefix: str, *, process_ttl_s: float = 10.0) -> None:
-        self.url = url
+    def __init__(
+        self, target: str | RedisTarget, prefix: str, *, process_ttl_s: float = 10.0
+    ) -> None:
         self.prefix = prefix
         self.process_ttl_s = process_ttl_s
         self.process_uid = secrets.token_hex(8)
         self.loop = asyncio.get_running_loop()
-        pool = redis_asyncio.BlockingConnectionPool.from_url(
-            url,
+        self.target = target if isinstance(target, RedisTarget) else RedisTarget(target)
+        self.url = self.target.url
+        pool = async_pool(
+            self.target,
             max_connections=_POOL_SIZE,
-            timeout=_COMMAND_TIMEOUT_S,
-            socket_connect_timeout=_CONNECT_TIMEOUT_S,
-            socket_timeout=_COMMAND_TIMEOUT_S,
-            retry_on_timeout=False,
+            timeout_s=_COMMAND_TIMEOUT_S,
+            connect_timeout_s=_CONNECT_TIMEOUT_S,
+            socket_timeout_s=_COMMAND_TIMEOUT_S,
         )
         self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
         self._publish_script = self.client.register_script(PUBLISH_LUA)
@@ -471,11 +475,10 @@ class RedisStore:
         self, on_entries: EntryHandler, on_outage: OutageHandler, on_recovery: RecoveryHandler
     ) -> None:
         backoff = _BACKOFF_START_S
-        reader = redis_asyncio.Redis.from_url(
-            self.url,
-            socket_connect_timeout=_CONNECT_TIMEOUT_S,
-            socket_timeout=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
-            single_connection_client=True,
+        reader = async_client(
+            self.target,
+            connect_timeout_s=_CONNECT_TIMEOUT_S,
+            socket_timeout_s=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
         )
         try:
             while not self._closing:
@@ -485,20 +488,20 @@ class RedisStore:
                         await self._drop_idle_connections()
                         self.available = True
                         self._recovered.set()
-                        logger.warning("backend_recovered url=%s", _safe_url(self.url))
+                        logger.warning("backend_recovered url=%s", self.target.describe())
                         on_recovery()
                     backoff = _BACKOFF_START_S
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the reader must never die: treat it as an outage
                     if not is_unavailable(exc):
-                        logger.exception("reader_failed url=%s", _safe_url(self.url))
+                        logger.exception("reader_failed url=%s", self.target.describe())
                     if self.available:
                         self.available = False
                         self._recovered.clear()
                         logger.error(
                             "backend_unavailable url=%s error=%s",
-                            _safe_url(self.url),
+                            self.target.describe(),
                             f"{type(exc).__name__}: {exc}",
                         )
                         on_outage(exc)
@@ -641,11 +644,3 @@ def _text(value: Any) -> str:
 def _entry_id(raw: bytes | str) -> int:
     text = _text(raw)
     return int(text.partition("-")[0])
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for log lines."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return f"{scheme}{sep}{rest}"
