@@ -18,6 +18,10 @@ Epochs (EB-7)
     continue above the database's reserved high-water mark. When Redis comes back with
     *older* data than it gave out (restored from a snapshot), the session restarts in a
     new epoch above every id this process knows was issued: no id is ever issued twice.
+    The same holds for a promoted replica that was behind (a Sentinel failover): either
+    its id counter is below what this process has seen, or, once another process has
+    written over the missing ids, the newest id this process took holds other bytes
+    there (``diverged_data``). Either way every old cursor resyncs, never a silent gap.
 
 Failures
     Redis unreachable, full or busy: publish and new streams raise
@@ -39,6 +43,7 @@ Idempotency
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
@@ -61,8 +66,9 @@ from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
 from sessions.backends.redis_clients import sync_client
 from sessions.backends.redis_control import RedisControlled, redis_target
-from sessions.backends.redis_store import RedisStore, entry_json
+from sessions.backends.redis_store import RedisStore, SessionWindow, entry_json
 from sessions.bus import (
+    MAX_SAFE_INTEGER,
     EventBus,
     Frame,
     encode_envelope,
@@ -159,6 +165,11 @@ class RedisBackend(RedisControlled):
         # outages, so that a Redis that comes back with older data than it gave out is
         # recognised (see _restart_epoch).
         self._known_last: dict[str, int] = {}
+        # The newest event this process took per session: (id, epoch, digest of its bytes).
+        # A Redis that comes back with the same epoch and that id holding *other* bytes (a
+        # promoted replica that was behind, then written to by another process) is caught
+        # by it, where the id counter alone looks fine (see _diverged).
+        self._fingerprints: dict[str, tuple[int, str, bytes]] = {}
 
     # -- the store ---------------------------------------------------------------------
 
@@ -215,11 +226,36 @@ class RedisBackend(RedisControlled):
         if event_id > self._known_last.get(session_id, 0):
             self._known_last[session_id] = event_id
 
+    def _note_fingerprint(self, session_id: str, event_id: int, epoch: str, body: bytes) -> None:
+        known = self._fingerprints.get(session_id)
+        if known is None or event_id >= known[0] or epoch != known[1]:
+            self._fingerprints[session_id] = (event_id, epoch, _digest(body))
+
+    def _diverged(self, session_id: str, window: SessionWindow) -> bool:
+        """Whether Redis holds, in the epoch this process knows, other bytes under the id of
+        the newest event this process took (EB-7: an id must never name two events)."""
+        known = self._fingerprints.get(session_id)
+        if known is None or known[1] != window.head.epoch:
+            return False
+        event_id, _, digest = known
+        for entry_id, body in reversed(window.entries):
+            if entry_id == event_id:
+                return _digest(body) != digest
+            if entry_id < event_id:
+                break
+        return False
+
     def _known_last_id(self, live: LiveSession) -> int:
         return max(self._known_last.get(live.session_id, 0), live.bus.last_event_id)
 
     async def _restart_epoch(
-        self, live: LiveSession, stale_epoch: str | None, reason: str, known_last_id: int
+        self,
+        live: LiveSession,
+        stale_epoch: str | None,
+        reason: str,
+        known_last_id: int,
+        *,
+        diverged: bool = False,
     ) -> None:
         """Replace the session's data in Redis with a new epoch above every id ever issued.
 
@@ -229,14 +265,16 @@ class RedisBackend(RedisControlled):
         this process knows of, so every old cursor resyncs (EB-7). ``known_last_id`` is
         what the caller knew *before* it read Redis: Redis refuses the restart
         (atomically) if its last id has reached it since, i.e. if the data was not stale.
+        ``diverged``: Redis holds other bytes under an id this process delivered (see
+        :meth:`_diverged`); that stays wrong however far the ids go, so only another
+        process's restart (the epoch changed) stops this one.
         """
         store = self.store()
         block = self.config.id_reservation_block
         row_reserved = await database_sync_to_async(rows.row_reserved)(live.session_id)
         base = max(row_reserved, live.reserved_until, known_last_id, self._known_last_id(live))
-        epoch, replaced = await store.restart_epoch(
-            live.session_id, stale_epoch, base, known_last_id
-        )
+        refuse_from = MAX_SAFE_INTEGER if diverged else known_last_id
+        epoch, replaced = await store.restart_epoch(live.session_id, stale_epoch, base, refuse_from)
         if replaced:
             live.reserved_until = await database_sync_to_async(rows.reserve_after_new_epoch)(
                 live.session_id, base, block
@@ -292,6 +330,11 @@ class RedisBackend(RedisControlled):
             raise SessionClosedError(live.session_id, live.owner_id)
         if window.head.epoch is not None and window.head.last_event_id < known_last_id:
             await self._restart_epoch(live, window.head.epoch, "stale_data", known_last_id)
+            window = await store.window(live.session_id)
+        elif self._diverged(live.session_id, window):
+            await self._restart_epoch(
+                live, window.head.epoch, "diverged_data", known_last_id, diverged=True
+            )
             window = await store.window(live.session_id)
         if window.head.epoch is None:  # lost between ensure and read: let the caller retry
             raise BackendUnavailableError("Redis lost the session's data while loading it")
@@ -405,6 +448,7 @@ class RedisBackend(RedisControlled):
                 assert outcome.event_id is not None
                 assert outcome.epoch is not None
                 self._note_issued(live.session_id, outcome.event_id)
+                self._note_fingerprint(live.session_id, outcome.event_id, outcome.epoch, body)
                 self.hooks.event_published(live.session_id)  # here, not in every mirror
                 return Published(outcome.event_id, outcome.epoch)
             if outcome.status == "closed":
@@ -528,6 +572,7 @@ class RedisBackend(RedisControlled):
                 self._store.unwatch(session_id)
             return
         bus = live.bus
+        taken: tuple[int, bytes] | None = None
         for event_id, body in entries:
             if event_id < bus.next_id:
                 continue  # already taken (the window read and the reader overlapped)
@@ -538,12 +583,17 @@ class RedisBackend(RedisControlled):
                 self._drop_mirror(live, "mirror_gap")
                 break
             self._note_issued(session_id, event_id)
+            taken = (event_id, body)
             if frame.type == "session_closed":
                 bus.close()
+                taken = None
                 self._known_last.pop(session_id, None)  # closed for good: the row answers
+                self._fingerprints.pop(session_id, None)
                 if self._store is not None:
                     self._store.unwatch(session_id)
                 break
+        if taken is not None and bus.epoch is not None:  # one digest per batch, not per event
+            self._note_fingerprint(session_id, taken[0], bus.epoch, taken[1])
         assert isinstance(live, RedisLiveSession)
         advanced, live._advanced = live._advanced, asyncio.Event()
         advanced.set()
@@ -595,6 +645,12 @@ def _replayed(remembered: Remembered, idempotency: IdempotencyKey) -> Published:
     if remembered.digest != idempotency.digest:
         raise IdempotencyKeyReusedError(idempotency.key)
     return Published(remembered.id, remembered.epoch, replayed=True)
+
+
+def _digest(body: bytes) -> bytes:
+    """A 16-byte digest of an event's stored bytes (what :meth:`RedisBackend._diverged`
+    compares)."""
+    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 def _advanced(live: LiveSession) -> asyncio.Event:
