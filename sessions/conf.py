@@ -75,6 +75,8 @@ ENV_OVERRIDES: Final = {
     "REDIS_SENTINEL_SERVICE": "QWENWEB_REDIS_SENTINEL_SERVICE",
     "REDIS_SENTINEL_PASSWORD": "QWENWEB_REDIS_SENTINEL_PASSWORD",
     "REDIS_CLUSTER": "QWENWEB_REDIS_CLUSTER",
+    "REDIS_WAIT_REPLICAS": "QWENWEB_REDIS_WAIT_REPLICAS",
+    "REDIS_WAIT_TIMEOUT_MS": "QWENWEB_REDIS_WAIT_TIMEOUT_MS",
     "PROCESS_TTL_S": "QWENWEB_PROCESS_TTL_S",
     "RECORDS_FLUSH_INTERVAL_S": "QWENWEB_RECORDS_FLUSH_INTERVAL_S",
     "RECORDS_BATCH_SIZE": "QWENWEB_RECORDS_BATCH_SIZE",
@@ -124,6 +126,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "REDIS_SENTINEL_PASSWORD": "",
     # Redis Cluster seed nodes: not supported yet; set, it is a configuration error.
     "REDIS_CLUSTER": (),
+    # A publish is answered once this many replicas have it (WAIT); 0: at once (async).
+    "REDIS_WAIT_REPLICAS": 0,
+    "REDIS_WAIT_TIMEOUT_MS": 1000,
     "PROCESS_TTL_S": 10.0,
     "RECORDS_FLUSH_INTERVAL_S": 1.0,
     "RECORDS_BATCH_SIZE": 500,
@@ -164,6 +169,9 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     # At least 1,000: the block must stay ahead of publishing while a renewal is written.
     "ID_RESERVATION_BLOCK": (int, 1000, MAX_SAFE_INTEGER // 4),
     "PROCESS_TTL_S": (float, 0.2, 3600),
+    "REDIS_WAIT_REPLICAS": (int, 0, 16),
+    # Below the 5 s command timeout of the Redis connections (sessions.backends.redis_store).
+    "REDIS_WAIT_TIMEOUT_MS": (int, 1, 4000),
     "RECORDS_FLUSH_INTERVAL_S": (float, 0.01, 3600),
     "RECORDS_BATCH_SIZE": (int, 1, 100_000),
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
@@ -229,6 +237,10 @@ class QwenwebConfig:
     redis_sentinel_password: str
     #: Redis Cluster seed nodes ``(host, port)`` (not supported yet: a check error).
     redis_cluster: tuple[tuple[str, int], ...]
+    #: Replicas that must have a publish before it is answered (``WAIT``); 0: off.
+    redis_wait_replicas: int
+    #: How long a publish waits for them (ms); then it answers 503 ``outcome_unknown``.
+    redis_wait_timeout_ms: int
     process_ttl_s: float
     records_flush_interval_s: float
     records_batch_size: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "OutcomeUnknownError",
     "QuotaExceededError",
     "SessionClosedError",
     "SessionHeldElsewhereError",
@@ -28,6 +29,22 @@ class SessionClosedError(Exception):
 
 class BackendUnavailableError(Exception):
     """Raised when the shared event store cannot be reached or did not answer in time (503)."""
+
+
+class OutcomeUnknownError(BackendUnavailableError):
+    """Raised when a publish ran but its replication could not be confirmed in time (a 503
+    ``outcome_unknown``): the event may or may not survive a failover, and a retry with
+    the same ``Idempotency-Key`` answers its first result once it is confirmed.
+
+    The Redis backend with ``REDIS_WAIT_REPLICAS`` (docs/deployment.md, "Acknowledged means
+    replicated").
+    """
+
+    code = "outcome_unknown"
+    public_message = (
+        "the event was written but not confirmed on enough replicas in time: its outcome is "
+        "unknown; retry with the same Idempotency-Key"
+    )
 
 
 class SessionHeldElsewhereError(BackendUnavailableError):

@@ -439,6 +439,8 @@ class RedisBackend(RedisControlled):
                 idempotency=idempotency,
                 idempotency_ttl_s=config.idempotency_ttl_s,
                 idempotency_max_keys=config.idempotency_max_keys,
+                wait_replicas=config.redis_wait_replicas,
+                wait_timeout_ms=config.redis_wait_timeout_ms,
             )
             if outcome.status == "replay":
                 assert outcome.remembered is not None

@@ -50,7 +50,7 @@ import orjson
 import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
 
-from sessions.backends.errors import BackendUnavailableError
+from sessions.backends.errors import BackendUnavailableError, OutcomeUnknownError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
 from sessions.backends.redis_clients import RedisTarget, async_client, async_pool
 from sessions.backends.redis_scripts import (
@@ -317,6 +317,8 @@ class RedisStore:
         idempotency_max_keys: int = 10_000,
         max_bytes: int = DEFAULT_RING_MAX_BYTES,
         max_age_s: float = 0.0,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring, then trim it to
         ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
@@ -331,7 +333,15 @@ class RedisStore:
         the session (younger than ``idempotency_ttl_s``) appends nothing and answers
         status ``replay`` with its first result; a new key is stored with the new id, at
         most ``idempotency_max_keys`` per session (oldest dropped), all in the same script.
-        The caller compares digests. Raises :class:`BackendUnavailableError`.
+        The caller compares digests. ``wait_replicas`` > 0: ``WAIT wait_replicas
+        wait_timeout_ms`` follows the script on the same connection (a pipeline), also for
+        a replayed key (after a write that covers the first one), so an ``ok`` or
+        ``replay`` is on that many replicas.
+
+        Raises:
+            OutcomeUnknownError: fewer replicas confirmed in time (the write may be lost
+                in a failover; a retry with the same key answers once it is confirmed).
+            BackendUnavailableError: Redis unreachable or too slow.
         """
         keys = [
             self.meta_key(session_id),
@@ -356,7 +366,10 @@ class RedisStore:
             TRIM_BATCH,
         ]
         with unavailable_as_error():
-            reply = await self._publish_script(keys=keys, args=args)
+            if wait_replicas:
+                reply = await self._publish_replicated(keys, args, wait_replicas, wait_timeout_ms)
+            else:
+                reply = await self._publish_script(keys=keys, args=args)
         status = _text(reply[0])
         if status == "ok":
             return PublishOutcome("ok", _text(reply[1]), int(reply[2]))
@@ -369,6 +382,36 @@ class RedisStore:
         if status in ("closed", "stale"):
             return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
+
+    async def _publish_replicated(
+        self, keys: list[str], args: list[bytes | str | int], replicas: int, timeout_ms: int
+    ) -> Any:
+        """The publish script, then ``WAIT`` on the same connection; raises
+        :class:`OutcomeUnknownError` if fewer than ``replicas`` confirmed in time."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._publish_script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acked = await pipe.execute()
+        if _text(reply[0]) == "replay":
+            # A replay writes nothing, and WAIT covers only this connection's own writes:
+            # one write now (the TTL the script gives the key hash) makes it cover the
+            # first publish, whichever connection made it.
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.pexpire(keys[2], int(args[8]))
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+                _, acked = await pipe.execute()
+        if _text(reply[0]) in ("ok", "replay") and int(acked) < replicas:
+            logger.warning(
+                "publish_outcome_unknown key=%s replicas=%d wanted=%d timeout_ms=%d",
+                keys[0],
+                int(acked),
+                replicas,
+                timeout_ms,
+            )
+            raise OutcomeUnknownError(
+                f"{int(acked)} of {replicas} replicas confirmed the publish in {timeout_ms} ms"
+            )
+        return reply
 
     async def recall(self, session_id: str, key: str, *, ttl_s: float = 900.0) -> Remembered | None:
         """Return the first result stored for ``key`` in the session (younger than

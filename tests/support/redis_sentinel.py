@@ -28,13 +28,29 @@ FAILOVER_WAIT_S = 60.0
 
 
 @dataclass
-class _Server:
+class RedisProcess:
+    """One ``redis-server`` (or Sentinel) of this test: ``argv`` started on ``port``."""
+
     port: int
     directory: Path
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def data_server(cls, directory: Path, replica_of: int | None = None) -> RedisProcess:
+        """A volatile data server (no AOF, no RDB) on a free port, a replica of
+        127.0.0.1:``replica_of`` when given; not started."""
+        port = free_port()
+        argv = [
+            REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+            "--save", "", "--appendonly", "no", "--daemonize", "no",
+        ]  # fmt: skip
+        if replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        return cls(port, directory, argv)
+
     def start(self, timeout_s: float = 15.0) -> None:
+        """Start it; return once it answers PING. Raises RuntimeError after ``timeout_s``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with (self.directory / "server.log").open("ab") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
@@ -76,31 +92,23 @@ class SentinelGroup:
 
     directory: Path
     replicas: int = 1
-    servers: list[_Server] = field(default_factory=list)
-    sentinels: list[_Server] = field(default_factory=list)
+    servers: list[RedisProcess] = field(default_factory=list)
+    sentinels: list[RedisProcess] = field(default_factory=list)
 
     @property
     def sentinel_hosts(self) -> str:
         """``QWENWEB_REDIS_SENTINELS``: ``127.0.0.1:port,...``."""
         return ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
 
-    def _data_server(self, index: int, port: int, replica_of: int | None) -> _Server:
-        directory = self.directory / f"redis-{index}"
-        argv = [
-            REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-            "--save", "", "--appendonly", "no", "--daemonize", "no",
-        ]  # fmt: skip
-        if replica_of is not None:
-            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
-        return _Server(port, directory, argv)
-
     def start(self) -> SentinelGroup:
         """Start every server; return once the Sentinels agree on the primary and its
         replicas are in sync. Raises RuntimeError after ``FAILOVER_WAIT_S``."""
-        primary_port = free_port()
-        self.servers = [self._data_server(0, primary_port, None)]
+        primary = RedisProcess.data_server(self.directory / "redis-0")
+        primary_port = primary.port
+        self.servers = [primary]
         self.servers += [
-            self._data_server(i + 1, free_port(), primary_port) for i in range(self.replicas)
+            RedisProcess.data_server(self.directory / f"redis-{i + 1}", primary_port)
+            for i in range(self.replicas)
         ]
         for server in self.servers:
             server.start()
@@ -116,7 +124,7 @@ class SentinelGroup:
                 f"sentinel failover-timeout {SERVICE} 6000\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
-            sentinel = _Server(port, directory, [REDIS_SERVER, str(conf), "--sentinel"])
+            sentinel = RedisProcess(port, directory, [REDIS_SERVER, str(conf), "--sentinel"])
             sentinel.start()
             self.sentinels.append(sentinel)
         self.wait_ready()
@@ -135,7 +143,7 @@ class SentinelGroup:
                 return int(address[1])
         return None
 
-    def primary(self) -> _Server:
+    def primary(self) -> RedisProcess:
         port = self.primary_port()
         for server in self.servers:
             if server.port == port:
@@ -180,7 +188,7 @@ class SentinelGroup:
         except (redis.RedisError, OSError, StopIteration, KeyError):
             return False
 
-    def kill_primary(self) -> _Server:
+    def kill_primary(self) -> RedisProcess:
         """SIGKILL the current primary; return it (to :meth:`restart` later)."""
         server = self.primary()
         server.kill()
@@ -202,7 +210,7 @@ class SentinelGroup:
             time.sleep(0.1)
         raise RuntimeError(f"no failover away from port {old_port} within {timeout_s} s")
 
-    def restart(self, server: _Server) -> None:
+    def restart(self, server: RedisProcess) -> None:
         """Start a killed server again on its port (Sentinel makes it a replica)."""
         server.start()
 

@@ -81,3 +81,15 @@ def test_a_tls_url_makes_tls_connections_to_the_primary_sentinel_picks() -> None
     client = sync_client(target, 1.0)
     assert issubclass(client.connection_pool.connection_class, redis.SSLConnection)
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "raw"), [("REDIS_WAIT_REPLICAS", "-1"), ("REDIS_WAIT_TIMEOUT_MS", "5000")]
+)
+def test_wait_settings_out_of_range_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: str, raw: str
+) -> None:
+    # The WAIT timeout stays below the connections' 5 s command timeout.
+    monkeypatch.setenv(f"QWENWEB_{env}", raw)
+    with pytest.raises(ImproperlyConfigured, match=env):
+        get_config()
