@@ -135,6 +135,10 @@ class Listener:
     def request_rejected(self, status: int, code: str) -> None:
         """A request was answered with the JSON error envelope (``status``, ``code``)."""
 
+    def backend_link(self, event: str) -> None:
+        """This process's link to a shared store changed: ``lost`` (its reader lost it),
+        ``reattached`` (the reader is back), ``failover`` (back, on another primary)."""
+
 
 class Hooks:
     """The announcement point: listeners connect, inner layers announce (module docstring).
@@ -230,6 +234,15 @@ class Hooks:
                 listener.request_rejected(status, code)
             except Exception:
                 logger.exception("listener_failed hook=request_rejected listener=%r", listener)
+
+    def backend_link(self, event: str) -> None:
+        """Announce a change of the link to the shared store (:meth:`Listener.backend_link`;
+        never raises)."""
+        for listener in self._listeners:
+            try:
+                listener.backend_link(event)
+            except Exception:
+                logger.exception("listener_failed hook=backend_link listener=%r", listener)
 
 
 hooks = Hooks()

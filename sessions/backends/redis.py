@@ -170,6 +170,8 @@ class RedisBackend(RedisControlled):
         # promoted replica that was behind, then written to by another process) is caught
         # by it, where the id counter alone looks fine (see _diverged).
         self._fingerprints: dict[str, tuple[int, str, bytes]] = {}
+        # The server the reader read from before its last outage (failover detection).
+        self._last_attached: tuple[str, int] | None = None
 
     # -- the store ---------------------------------------------------------------------
 
@@ -611,9 +613,20 @@ class RedisBackend(RedisControlled):
             _advanced(live).set()  # wake any waiting subscriber: it fails, its client retries
         self.registry.clear()
         logger.error("streams_ended reason=backend_unavailable subscribers=%d", ended)
+        if self._store is not None and self._store.attached_to is not None:
+            self._last_attached = self._store.attached_to
+        self.hooks.backend_link("lost")
 
     def _on_recovery(self) -> None:
-        """Redis is back: nothing to do here, mirrors are rebuilt as clients come back."""
+        """Redis is back: mirrors are rebuilt as clients come back; announce the link (a
+        ``failover`` when the reader now reads from another server than before)."""
+        store = self._store
+        attached = store.attached_to if store is not None else None
+        self.hooks.backend_link("reattached")
+        if attached is not None and self._last_attached not in (None, attached):
+            logger.warning("backend_failover from=%s to=%s", self._last_attached, attached)
+            self.hooks.backend_link("failover")
+        self._last_attached = attached
 
     def _report_and_sweep(self) -> dict[str, Any]:
         """The reporter's periodic call: unload idle mirrors, then report."""

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import redis
 
-from sessions.backends.redis_clients import RedisTarget, sync_client
-from sessions.backends.redis_store import report_keys, unavailable_as_error
+from sessions.backends.redis_clients import RedisTarget, sync_client, unavailable_as_error
+from sessions.backends.redis_store import report_keys
 
 __all__ = ["read_reports_blocking", "send_control_blocking"]
 

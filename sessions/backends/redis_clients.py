@@ -8,12 +8,15 @@ Sentinels for the primary each time it (re)connects, and redis-py closes it when
 primary answers ``READONLY`` (it was demoted): so the command pool, the reader and the
 control listener follow a failover by reconnecting, without a restart.
 
-Adding Redis Cluster is one more branch in each builder. This module imports nothing
-from Django.
+Adding Redis Cluster is one more branch in each builder. The errors that mean "Redis is
+not there right now" are classified here too (:func:`is_unavailable`). This module
+imports nothing from Django.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,11 +24,22 @@ import redis
 import redis.asyncio as redis_asyncio
 import redis.asyncio.sentinel as async_sentinel
 import redis.sentinel as sync_sentinel
+from redis import exceptions as redis_errors
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-__all__ = ["RedisTarget", "async_client", "async_pool", "sync_client"]
+from sessions.backends.errors import BackendUnavailableError
+
+__all__ = [
+    "UNAVAILABLE_ERRORS",
+    "RedisTarget",
+    "async_client",
+    "async_pool",
+    "is_unavailable",
+    "sync_client",
+    "unavailable_as_error",
+]
 
 #: What the URL says that a Sentinel-managed connection must not take over (the address
 #: comes from the Sentinels; TLS is chosen by the connection class).
@@ -193,3 +207,52 @@ def sync_client(target: RedisTarget, timeout_s: float) -> redis.Redis:
     return redis.Redis.from_url(
         target.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=no_retry
     )
+
+
+#: The errors that mean "Redis is not there right now" (not a bug in our commands).
+UNAVAILABLE_ERRORS: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
+    redis_errors.OutOfMemoryError,
+    OSError,
+)
+
+#: Error replies that mean "Redis cannot serve writes right now" (a script running too long,
+#: a failed background save, no replicas), not a bug in our commands: a 503, not a 500.
+_TRANSIENT_REPLIES: Final = ("BUSY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
+_TRANSIENT_REPLY_RE: Final = re.compile(
+    r"(?:^|[:(']\s*)(?:" + "|".join(_TRANSIENT_REPLIES) + r")\b"
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis is out of reach or cannot serve now (never raises).
+
+    Error replies count when they carry one of ``_TRANSIENT_REPLIES``, also as the cause
+    of a discarded transaction or a failed pipeline command (redis-py wraps those).
+    """
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and bool(
+        _TRANSIENT_REPLY_RE.search(str(exc))
+    )
+
+
+@contextlib.contextmanager
+def unavailable_as_error() -> Any:
+    """Turn the errors :func:`is_unavailable` accepts (and OSError) into
+    :class:`BackendUnavailableError`; other errors pass through."""
+    try:
+        yield
+    except redis_errors.RedisError as exc:
+        if not is_unavailable(exc):
+            raise
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+    except OSError as exc:
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc

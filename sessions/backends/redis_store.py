@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -48,11 +47,17 @@ from typing import Any, Final
 
 import orjson
 import redis.asyncio as redis_asyncio
-from redis import exceptions as redis_errors
 
 from sessions.backends.errors import BackendUnavailableError, OutcomeUnknownError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
-from sessions.backends.redis_clients import RedisTarget, async_client, async_pool
+from sessions.backends.redis_clients import (
+    UNAVAILABLE_ERRORS,
+    RedisTarget,
+    async_client,
+    async_pool,
+    is_unavailable,
+    unavailable_as_error,
+)
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -87,40 +92,6 @@ _CLOSE_RECANCEL_S: Final = 0.1
 #: (at most ``_COMMAND_TIMEOUT_S``) for one to come back, instead of failing at once
 #: ("Too many connections": a burst of stream opens answered 503 under granian).
 _POOL_SIZE: Final = 100
-
-#: The errors that mean "Redis is not there right now" (not a bug in our commands).
-_UNAVAILABLE: Final = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.ReadOnlyError,
-    redis_errors.TryAgainError,
-    # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
-    redis_errors.OutOfMemoryError,
-    OSError,
-)
-
-#: Error replies that mean "Redis cannot serve writes right now" (a script running too long,
-#: a failed background save, no replicas), not a bug in our commands: a 503, not a 500.
-_TRANSIENT_REPLIES: Final = ("BUSY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "LOADING")
-
-
-_TRANSIENT_REPLY_RE: Final = re.compile(
-    r"(?:^|[:(']\s*)(?:" + "|".join(_TRANSIENT_REPLIES) + r")\b"
-)
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` means Redis is out of reach or cannot serve now (never raises).
-
-    Error replies count when they carry one of ``_TRANSIENT_REPLIES``, also as the cause
-    of a discarded transaction or a failed pipeline command (redis-py wraps those).
-    """
-    if isinstance(exc, _UNAVAILABLE):
-        return True
-    return isinstance(exc, redis_errors.ResponseError) and bool(
-        _TRANSIENT_REPLY_RE.search(str(exc))
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +165,9 @@ class RedisStore:
         # Set by aclose: the loops end even where redis-py swallowed the cancellation.
         self._closing = False
         self.available = True
+        #: ``(host, port)`` the reader last read from (with Sentinels: the primary they
+        #: named), None before its first read.
+        self.attached_to: tuple[str, int] | None = None
         # Set while the reader is connected; a successful command elsewhere pokes a reader
         # that is backing off after an outage, so it need not wait out its backoff.
         self._recovered = asyncio.Event()
@@ -269,9 +243,17 @@ class RedisStore:
             raise BackendUnavailableError("this process's Redis reader is reconnecting") from None
 
     async def ping(self) -> None:
-        """Check that Redis answers now (one PING). Raises :class:`BackendUnavailableError`."""
+        """Check that Redis answers now (one PING; with Sentinels one ``ROLE``, which must
+        say ``master``: a demoted primary answers too). Raises
+        :class:`BackendUnavailableError`."""
         with unavailable_as_error():
-            await self.client.ping()
+            if not self.target.sentinels:
+                await self.client.ping()
+                return
+            role: Any = await self.client.role()
+        if _text(role[0]) != "master":
+            await self._drop_idle_connections()  # the next ones ask the Sentinels again
+            raise BackendUnavailableError("the Redis this process reached is not the primary")
 
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
@@ -495,7 +477,7 @@ class RedisStore:
             logger.debug("wake failed: %r", task.exception())
 
     async def _send_wake(self) -> None:
-        with contextlib.suppress(*_UNAVAILABLE):
+        with contextlib.suppress(*UNAVAILABLE_ERRORS):
             await self.client.xadd(self._wake_key, {"w": "1"}, maxlen=1)
 
     def start(
@@ -579,8 +561,10 @@ class RedisStore:
             streams[key] = f"{after}-0"
         if not self.available:  # after an outage: answer recovery at once, not after BLOCK
             await reader.ping()
+            self._note_attached(reader)
             return
         reply: Any = await reader.xread(streams, count=_READ_COUNT, block=_READ_BLOCK_MS)
+        self._note_attached(reader)
         for raw_key, raw_entries in reply or ():
             key = _text(raw_key)
             if key == self._wake_key:
@@ -593,6 +577,11 @@ class RedisStore:
             entries = [(_entry_id(entry_id), fields[b"e"]) for entry_id, fields in raw_entries]
             self._watched[watched_id] = entries[-1][0]
             on_entries(watched_id, entries)
+
+    def _note_attached(self, reader: redis_asyncio.Redis) -> None:
+        connection = reader.connection
+        if connection is not None:
+            self.attached_to = (str(connection.host), int(connection.port))
 
     async def _listen_forever(self, on_control: ControlHandler) -> None:
         backoff = _BACKOFF_START_S
@@ -660,18 +649,6 @@ class RedisStore:
 
 def report_keys(prefix: str, uids: Any) -> list[str]:
     return [f"{prefix}:proc:{_text(uid)}" for uid in uids]
-
-
-@contextlib.contextmanager
-def unavailable_as_error() -> Any:
-    try:
-        yield
-    except redis_errors.RedisError as exc:
-        if not is_unavailable(exc):
-            raise
-        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
-    except OSError as exc:
-        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
 
 
 def _now_ms() -> int:

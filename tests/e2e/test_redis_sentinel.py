@@ -12,6 +12,7 @@ touched; every wait is bounded.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,7 @@ from tests.support.server import (
     free_port,
     request_json,
     start_redis_server,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
@@ -101,6 +103,14 @@ def _publish_until_accepted(server: ServerProcess, session: RemoteSession, key: 
         time.sleep(0.1)
 
 
+def _link_changes(server: ServerProcess) -> dict[str, float]:
+    """``qwenweb_backend_link_changes_total`` by event, from the server's ``/metrics``."""
+    with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.findall(r'^qwenweb_backend_link_changes_total\{event="(\w+)"\} (\S+)$', text, re.M)
+    return {event: float(value) for event, value in found}
+
+
 def _ready(server: ServerProcess) -> int:
     return request_json("GET", f"{server.base_url}/readyz")[0]
 
@@ -126,6 +136,8 @@ async def test_processes_follow_the_primary_through_a_failover_without_restart(
     pids = (a.process.pid, b.process.pid)  # type: ignore[union-attr]
 
     killed = sentinels.kill_primary()
+    for server in (a, b):  # readiness tells the truth: no primary, not ready
+        assert wait_for(lambda server=server: _ready(server) == 503, FAILOVER_WAIT_S)
     sentinels.wait_failover(killed.port)
     after = [_publish_until_accepted(s, session, f"k{4 + n}") for n, s in enumerate((a, b, a))]
 
@@ -140,6 +152,9 @@ async def test_processes_follow_the_primary_through_a_failover_without_restart(
             client.close()
         assert _ready(server) == 200
     assert (a.process.pid, b.process.pid) == pids  # type: ignore[union-attr]
+    for server in (a, b):  # each counted one failover (the reader reads from the new primary)
+        assert wait_for(lambda server=server: _link_changes(server)["failover"] >= 1, 10)
+        assert _link_changes(server)["lost"] >= 1
 
     sentinels.restart(killed)  # rejoins as a replica of the new primary
     sentinels.wait_ready()
