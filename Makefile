@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean
+.PHONY: system-deps setup demo test test-postgres test-redis test-python test-js test-browser screenshots lint check clean soak
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	node --test tests/js/
 	$(PY) -m pytest
+
+# Long rounds (not in `make test`, which runs one failover per case): the Redis primary
+# of a Sentinel group killed with SIGKILL 5 times, every 20 s, under a 200 events/s
+# publisher and four resuming readers (tests/e2e/test_redis_failover_load.py).
+soak: $(STAMP) system-deps
+	QWENWEB_SOAK_FAILOVERS=5 $(PY) -m pytest -q -s tests/e2e/test_redis_failover_load.py
 
 # The integration tests against PostgreSQL: pytest-django creates and drops
 # test_qwenweb on that server. Fails, naming the reason, when the server does not answer.
