@@ -31,10 +31,15 @@ from tests.support.failover_load import Publisher, Reader, ReadyProbe
 from tests.support.redis_sentinel import SERVICE, SentinelGroup
 from tests.support.server import RemoteSession, ServerProcess, free_port, start_redis_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
-
 PREFIX = "qwtest-failover"
 FAILOVERS = int(os.environ.get("QWENWEB_SOAK_FAILOVERS", "1"))
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.own_backend,
+    pytest.mark.asyncio,
+    # Set-up (a Sentinel group, two servers) and each failover's 20 s, on a loaded machine.
+    pytest.mark.timeout(120 + 60 * FAILOVERS),
+]
 KILL_EVERY_S = 20.0
 RESTART_AFTER_S = 12.0
 RATE_PER_S = 200.0

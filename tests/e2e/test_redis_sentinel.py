@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,17 +26,24 @@ import pytest
 
 from tests.support.redis_sentinel import FAILOVER_WAIT_S, SERVICE, SentinelGroup
 from tests.support.server import (
+    REPO,
     RawSSEClient,
     RemoteSession,
     ServerProcess,
     event_ids,
     free_port,
     request_json,
+    server_env,
     start_redis_server,
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.own_backend,
+    pytest.mark.asyncio,
+    pytest.mark.timeout(180),  # a Sentinel group's set-up and failover, on a loaded machine
+]
 
 PREFIX = "qwtest-sentinel"
 
@@ -159,3 +168,49 @@ async def test_processes_follow_the_primary_through_a_failover_without_restart(
     sentinels.restart(killed)  # rejoins as a replica of the new primary
     sentinels.wait_ready()
     assert _publish_until_accepted(b, session, "k7") == 8
+
+
+async def test_the_control_channel_follows_the_primary_through_a_failover(
+    sentinels: SentinelGroup,
+    servers: tuple[ServerProcess, ServerProcess],
+    e2e_database: Path,
+) -> None:
+    # A revocation from a command process (a one-shot client through the Sentinels)
+    # reaches both servers' control listeners, which re-subscribed on the new primary.
+    a, b = servers
+    session = RemoteSession.create(a.base_url)
+    assert _publish_until_accepted(a, session, "k0") == 1
+    killed = sentinels.kill_primary()
+    sentinels.wait_failover(killed.port)
+    assert _publish_until_accepted(b, session, "k1") == 2
+    streams = [await _stream(server, session, 2) for server in (a, b)]
+    try:
+        env = {
+            "QWENWEB_BACKEND": "redis",
+            "QWENWEB_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "QWENWEB_REDIS_SENTINELS": sentinels.sentinel_hosts,
+            "QWENWEB_REDIS_SENTINEL_SERVICE": SERVICE,
+            "QWENWEB_REDIS_KEY_PREFIX": PREFIX,
+        }
+        channel = f"{PREFIX}:control"
+
+        def both_listening() -> bool:
+            with sentinels.primary().client() as primary:
+                return int(primary.pubsub_numsub(channel)[0][1]) >= 2
+
+        assert wait_for(both_listening, FAILOVER_WAIT_S, 0.2)  # re-subscribed on the new one
+        done = subprocess.run(
+            [sys.executable, "manage.py", "revoke_tokens", "--session", session.id],
+            cwd=REPO, env=server_env(e2e_database, **env), check=True, timeout=60,
+            capture_output=True,
+        )  # fmt: skip
+        for stream in streams:
+            events = await stream.read_until(
+                lambda ev: any(e.type == "stream_error" for e in ev), timeout_s=10
+            )
+            error = json.loads(next(e.data for e in events if e.type == "stream_error"))
+            assert error["data"]["code"] == "token_revoked"
+    finally:
+        for stream in streams:
+            stream.close()
+    assert b"revocation_relayed processes=2" in done.stderr + done.stdout, done.stderr

@@ -28,7 +28,12 @@ from tests.support.server import (
     start_redis_server,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.own_backend,
+    pytest.mark.asyncio,
+    pytest.mark.timeout(120),  # private Redis servers and two server processes, loaded machine
+]
 
 PREFIX = "qwtest-wait"
 LINK_WAIT_S = 30.0
