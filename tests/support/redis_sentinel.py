@@ -44,6 +44,8 @@ class RedisProcess:
         argv = [
             REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
             "--save", "", "--appendonly", "no", "--daemonize", "no",
+            # A replica that (re)joins is synced at once, not after Redis's default 5 s.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
