@@ -88,13 +88,16 @@ test-browser: $(STAMP) system-deps
 # session opened together, with a snapshot answered late, over HTTP/1.1 and HTTP/2
 # (QWENWEB_SOAK_ROUNDS rounds, default 20; `make test` runs 2), then the durable backend's
 # server killed with SIGKILL 20 times and stopped with SIGTERM 5 times while a publisher
-# posts (`make test`: 5 and 1). Tests that have a soak form read these variables.
+# posts (`make test`: 5 and 1), then the Redis primary of a Sentinel group killed with
+# SIGKILL 5 times, every 20 s, under a 200 events/s publisher and four resuming readers
+# (`make test`: one failover per case). Tests that have a soak form read these variables.
 SOAK_ROUNDS ?= 20
 SOAK_TESTS := tests/browser/test_gap_repair.py
 
 soak: $(STAMP) system-deps
 	QWENWEB_SOAK_ROUNDS=$(SOAK_ROUNDS) $(PY) -m pytest -q $(SOAK_TESTS)
 	QWENWEB_SOAK_KILLS=20 QWENWEB_SOAK_TERMS=5 $(PY) -m pytest -q -s tests/e2e/test_durable_restart.py
+	QWENWEB_SOAK_FAILOVERS=5 $(PY) -m pytest -q -s tests/e2e/test_redis_failover_load.py
 
 # Re-take docs/session-page-*.png from the browser tests that reach those states: live
 # (1440 px), phone (390 px), evicted while paused and after the recovery, ended.

@@ -73,6 +73,12 @@ ENV_OVERRIDES: Final = {
     "BACKEND": "QWENWEB_BACKEND",
     "REDIS_URL": "QWENWEB_REDIS_URL",
     "REDIS_KEY_PREFIX": "QWENWEB_REDIS_KEY_PREFIX",
+    "REDIS_SENTINELS": "QWENWEB_REDIS_SENTINELS",
+    "REDIS_SENTINEL_SERVICE": "QWENWEB_REDIS_SENTINEL_SERVICE",
+    "REDIS_SENTINEL_PASSWORD": "QWENWEB_REDIS_SENTINEL_PASSWORD",
+    "REDIS_CLUSTER": "QWENWEB_REDIS_CLUSTER",
+    "REDIS_WAIT_REPLICAS": "QWENWEB_REDIS_WAIT_REPLICAS",
+    "REDIS_WAIT_TIMEOUT_MS": "QWENWEB_REDIS_WAIT_TIMEOUT_MS",
     "PROCESS_TTL_S": "QWENWEB_PROCESS_TTL_S",
     "RECORDS_FLUSH_INTERVAL_S": "QWENWEB_RECORDS_FLUSH_INTERVAL_S",
     "RECORDS_BATCH_SIZE": "QWENWEB_RECORDS_BATCH_SIZE",
@@ -131,6 +137,15 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "BACKEND": "durable",
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "REDIS_KEY_PREFIX": "qwenweb",
+    # Sentinel (docs/deployment.md "Redis with Sentinel"): none by default.
+    "REDIS_SENTINELS": (),
+    "REDIS_SENTINEL_SERVICE": "",
+    "REDIS_SENTINEL_PASSWORD": "",
+    # Redis Cluster seed nodes: not supported yet; set, it is a configuration error.
+    "REDIS_CLUSTER": (),
+    # A publish is answered once this many replicas have it (WAIT); 0: at once (async).
+    "REDIS_WAIT_REPLICAS": 0,
+    "REDIS_WAIT_TIMEOUT_MS": 1000,
     "PROCESS_TTL_S": 10.0,
     "RECORDS_FLUSH_INTERVAL_S": 1.0,
     "RECORDS_BATCH_SIZE": 500,
@@ -196,6 +211,9 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     # At least 1,000: the block must stay ahead of publishing while a renewal is written.
     "ID_RESERVATION_BLOCK": (int, 1000, MAX_SAFE_INTEGER // 4),
     "PROCESS_TTL_S": (float, 0.2, 3600),
+    "REDIS_WAIT_REPLICAS": (int, 0, 16),
+    # Below the 5 s command timeout of the Redis connections (sessions.backends.redis_store).
+    "REDIS_WAIT_TIMEOUT_MS": (int, 1, 4000),
     "RECORDS_FLUSH_INTERVAL_S": (float, 0.01, 3600),
     "RECORDS_BATCH_SIZE": (int, 1, 100_000),
     "RECORDS_RETENTION_DAYS": (int, 1, 36_500),
@@ -270,6 +288,17 @@ class QwenwebConfig:
     backend: str
     redis_url: str
     redis_key_prefix: str
+    #: Sentinels ``(host, port)`` naming the primary of ``redis_sentinel_service``; empty:
+    #: ``redis_url`` is the server.
+    redis_sentinels: tuple[tuple[str, int], ...]
+    redis_sentinel_service: str
+    redis_sentinel_password: str
+    #: Redis Cluster seed nodes ``(host, port)`` (not supported yet: a check error).
+    redis_cluster: tuple[tuple[str, int], ...]
+    #: Replicas that must have a publish before it is answered (``WAIT``); 0: off.
+    redis_wait_replicas: int
+    #: How long a publish waits for them (ms); then it answers 503 ``outcome_unknown``.
+    redis_wait_timeout_ms: int
     process_ttl_s: float
     records_flush_interval_s: float
     records_batch_size: int
@@ -394,6 +423,12 @@ def _coerce(key: str, raw: Any) -> tuple[Any, str | None]:
         if isinstance(raw, str) and 1 <= len(raw) <= 64 and raw.isprintable() and " " not in raw:
             return raw, None
         return None, f"{source} must be 1-64 printable characters without spaces; got {raw!r}"
+    if key in ("REDIS_SENTINELS", "REDIS_CLUSTER"):
+        return _coerce_hosts(source, raw)
+    if key in ("REDIS_SENTINEL_SERVICE", "REDIS_SENTINEL_PASSWORD"):
+        if isinstance(raw, str) and (raw == "" or (raw.isprintable() and " " not in raw)):
+            return raw, None
+        return None, f"{source} must be printable characters without spaces"
     if key == "CORS_ALLOWED_ORIGINS":
         return _coerce_origins(source, raw)
     if key == "TCP_USER_TIMEOUT_S":
@@ -453,6 +488,48 @@ def _coerce_origins(source: str, raw: Any) -> tuple[Any, str | None]:
     return tuple(dict.fromkeys(items)), None
 
 
+def _coerce_hosts(source: str, raw: Any) -> tuple[Any, str | None]:
+    """``REDIS_SENTINELS`` / ``REDIS_CLUSTER``: ``host:port`` items (``[v6]:port`` too), a
+    list or a comma-separated string (the env)."""
+    if isinstance(raw, str):
+        items: Any = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        return None, f"{source} must be a list of host:port; got {raw!r}"
+    hosts = []
+    for item in items:
+        host, sep, port = item.rpartition(":") if isinstance(item, str) else ("", "", "")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65_535:
+            return None, f"{source} must hold host:port items like '10.0.0.5:26379'; got {item!r}"
+        hosts.append((host, int(port)))
+    return tuple(dict.fromkeys(hosts)), None
+
+
+def _combination_errors(values: dict[str, Any]) -> list[str]:
+    """Settings valid one by one that do not go together (each already coerced)."""
+    errors = []
+    if values["redis_sentinels"] and values["redis_cluster"]:
+        errors.append(
+            "QWENWEB['REDIS_SENTINELS'] and QWENWEB['REDIS_CLUSTER'] (or $QWENWEB_REDIS_SENTINELS "
+            "and $QWENWEB_REDIS_CLUSTER) are both set: a Redis is either Sentinel-managed or a "
+            "Cluster; set one"
+        )
+    if values["redis_sentinels"] and not values["redis_sentinel_service"]:
+        errors.append(
+            "QWENWEB['REDIS_SENTINELS'] (or $QWENWEB_REDIS_SENTINELS) is set but "
+            "QWENWEB['REDIS_SENTINEL_SERVICE'] (or $QWENWEB_REDIS_SENTINEL_SERVICE), the "
+            "primary's name in the Sentinels' configuration, is empty"
+        )
+    if values["redis_cluster"] and not values["redis_sentinels"]:
+        errors.append(
+            "QWENWEB['REDIS_CLUSTER'] (or $QWENWEB_REDIS_CLUSTER) is set but Redis Cluster is "
+            "not supported by this version: use one Redis or Sentinels"
+        )
+    return errors
+
+
 def _coerce_user_timeout(source: str, raw: Any) -> tuple[Any, str | None]:
     """``TCP_USER_TIMEOUT_S``: None or ``"auto"`` (derived), else seconds in [0, 3600]."""
     if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "auto")):
@@ -497,12 +574,14 @@ def _coerce_nets(source: str, raw: Any) -> tuple[Any, str | None]:
 def config_errors() -> list[str]:
     """Return one message per bad setting (empty when all are valid). Never raises."""
     errors = []
+    coerced = {}
     for key, raw in _raw_values().items():
         if key in _DEFAULTS:
-            _, error = _coerce(key, raw)
+            value, error = _coerce(key, raw)
             if error:
                 errors.append(error)
-    return errors
+            coerced[key.lower()] = value
+    return errors or _combination_errors(coerced)
 
 
 @functools.cache
@@ -520,6 +599,8 @@ def get_config() -> QwenwebConfig:
         if error:
             raise ImproperlyConfigured(error)
         out[key.lower()] = value
+    for error in _combination_errors(out):
+        raise ImproperlyConfigured(error)
     return QwenwebConfig(**out)
 
 

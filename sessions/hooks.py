@@ -135,6 +135,10 @@ class Listener:
     def request_rejected(self, status: int, code: str) -> None:
         """A request was answered with the JSON error envelope (``status``, ``code``)."""
 
+    def backend_link(self, event: str) -> None:
+        """This process's link to a shared store changed: ``lost`` (its reader lost it),
+        ``reattached`` (the reader is back), ``failover`` (back, on another primary)."""
+
 
 class Hooks:
     """The announcement point: listeners connect, inner layers announce (module docstring).
@@ -206,6 +210,11 @@ class Hooks:
     def request_rejected(self, status: int, code: str) -> None:
         """Announce a request answered with the JSON error envelope (never raises)."""
         _announce(self._listeners, "request_rejected", status, code)
+
+    def backend_link(self, event: str) -> None:
+        """Announce a change of the link to the shared store (:meth:`Listener.backend_link`;
+        never raises)."""
+        _announce(self._listeners, "backend_link", event)
 
 
 def _announce(listeners: Sequence[Listener], hook: str, *args: Any) -> None:

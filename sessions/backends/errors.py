@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "OutcomeUnknownError",
     "QuotaExceededError",
     "SessionClosedError",
     "SessionHeldElsewhereError",
@@ -50,9 +51,11 @@ class SessionHeldElsewhereError(BackendUnavailableError):
         )
 
 
-class PublishOutcomeUnknownError(BackendUnavailableError):
-    """Raised when a publish may or may not have been stored: the shared store timed out
-    or the connection was lost after the command was sent (a 503 ``outcome_unknown``).
+class OutcomeUnknownError(BackendUnavailableError):
+    """Raised when a publish may or may not have been stored (a 503 ``outcome_unknown``):
+    the shared store timed out or the connection was lost after the command was sent, or
+    (``REDIS_WAIT_REPLICAS``) too few replicas confirmed the write in time, so it may not
+    survive a failover (docs/deployment.md, "Acknowledged means replicated").
 
     The publisher retries with the same ``Idempotency-Key``: the retry answers the first
     result if the event was stored, and publishes it once if not.
@@ -60,9 +63,9 @@ class PublishOutcomeUnknownError(BackendUnavailableError):
 
     code = "outcome_unknown"
     public_message = (
-        "outcome unknown: the event store did not answer in time and may have stored the "
-        "event; retry with the same Idempotency-Key (without one, a retry may publish it "
-        "twice)"
+        "outcome unknown: the event store did not confirm the event in time (no answer, a "
+        "lost connection or too few replicas) and may have stored it; retry with the same "
+        "Idempotency-Key (without one, a retry may publish it twice)"
     )
 
 

@@ -18,6 +18,10 @@ Epochs (EB-7)
     continue above the database's reserved high-water mark. When Redis comes back with
     *older* data than it gave out (restored from a snapshot), the session restarts in a
     new epoch above every id this process knows was issued: no id is ever issued twice.
+    The same holds for a promoted replica that was behind (a Sentinel failover): either
+    its id counter is below what this process has seen, or, once another process has
+    written over the missing ids, the newest id this process took holds other bytes
+    there (``diverged_data``). Either way every old cursor resyncs, never a silent gap.
 
 Failures
     Redis unreachable, full or busy: publish and new streams raise
@@ -39,6 +43,7 @@ Idempotency
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
@@ -60,10 +65,12 @@ from sessions.backends.base import (
 from sessions.backends.closed_history import closed_bus, history_kept
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
-from sessions.backends.redis_control import RedisControlled
-from sessions.backends.redis_store import RedisStore, entry_json
+from sessions.backends.redis_clients import sync_client
+from sessions.backends.redis_control import RedisControlled, redis_target
+from sessions.backends.redis_store import RedisStore, SessionWindow, entry_json
 from sessions.bus import (
     MAX_EVENT_RING_SIZE,
+    MAX_SAFE_INTEGER,
     EventBus,
     Frame,
     encode_envelope,
@@ -142,12 +149,10 @@ class RedisBackend(RedisControlled):
 
     @classmethod
     def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
-        """Redis must answer at ``REDIS_URL`` (one PING, 1 s timeouts)."""
+        """Redis must answer at ``REDIS_URL`` or through its Sentinels (one PING, 1 s timeouts)."""
         import redis
 
-        client = redis.Redis.from_url(
-            config.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0
-        )
+        client = sync_client(redis_target(config), 1.0)
         try:
             client.ping()
         except (redis.RedisError, OSError) as exc:
@@ -155,7 +160,8 @@ class RedisBackend(RedisControlled):
                 (
                     "BACKEND is 'redis' but Redis does not answer at the configured URL: "
                     f"{type(exc).__name__}",
-                    "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL; until "
+                    "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL (or the "
+                    "REDIS_SENTINELS and REDIS_SENTINEL_SERVICE settings); until "
                     "it answers, publish and new streams get 503.",
                 )
             ]
@@ -171,6 +177,13 @@ class RedisBackend(RedisControlled):
         # outages, so that a Redis that comes back with older data than it gave out is
         # recognised (see _restart_epoch).
         self._known_last: dict[str, int] = {}
+        # The newest event this process took per session: (id, epoch, digest of its bytes).
+        # A Redis that comes back with the same epoch and that id holding *other* bytes (a
+        # promoted replica that was behind, then written to by another process) is caught
+        # by it, where the id counter alone looks fine (see _diverged).
+        self._fingerprints: dict[str, tuple[int, str, bytes]] = {}
+        # The server the reader read from before its last outage (failover detection).
+        self._last_attached: tuple[str, int] | None = None
 
     # -- the store ---------------------------------------------------------------------
 
@@ -180,7 +193,7 @@ class RedisBackend(RedisControlled):
         if self._store is None or self._store.loop is not loop:
             config = self.config
             self._store = RedisStore(
-                config.redis_url, config.redis_key_prefix, process_ttl_s=config.process_ttl_s
+                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s
             )
             self._store.start(
                 self._on_entries,
@@ -222,11 +235,36 @@ class RedisBackend(RedisControlled):
         if event_id > self._known_last.get(session_id, 0):
             self._known_last[session_id] = event_id
 
+    def _note_fingerprint(self, session_id: str, event_id: int, epoch: str, body: bytes) -> None:
+        known = self._fingerprints.get(session_id)
+        if known is None or event_id >= known[0] or epoch != known[1]:
+            self._fingerprints[session_id] = (event_id, epoch, _digest(body))
+
+    def _diverged(self, session_id: str, window: SessionWindow) -> bool:
+        """Whether Redis holds, in the epoch this process knows, other bytes under the id of
+        the newest event this process took (EB-7: an id must never name two events)."""
+        known = self._fingerprints.get(session_id)
+        if known is None or known[1] != window.head.epoch:
+            return False
+        event_id, _, digest = known
+        for entry_id, body in reversed(window.entries):
+            if entry_id == event_id:
+                return _digest(body) != digest
+            if entry_id < event_id:
+                break
+        return False
+
     def _known_last_id(self, live: LiveSession) -> int:
         return max(self._known_last.get(live.session_id, 0), live.bus.last_event_id)
 
     async def _restart_epoch(
-        self, live: LiveSession, stale_epoch: str | None, reason: str, known_last_id: int
+        self,
+        live: LiveSession,
+        stale_epoch: str | None,
+        reason: str,
+        known_last_id: int,
+        *,
+        diverged: bool = False,
     ) -> None:
         """Replace the session's data in Redis with a new epoch above every id ever issued.
 
@@ -236,14 +274,16 @@ class RedisBackend(RedisControlled):
         this process knows of, so every old cursor resyncs (EB-7). ``known_last_id`` is
         what the caller knew *before* it read Redis: Redis refuses the restart
         (atomically) if its last id has reached it since, i.e. if the data was not stale.
+        ``diverged``: Redis holds other bytes under an id this process delivered (see
+        :meth:`_diverged`); that stays wrong however far the ids go, so only another
+        process's restart (the epoch changed) stops this one.
         """
         store = self.store()
         block = self.config.id_reservation_block
         row_reserved = await database_sync_to_async(rows.row_reserved)(live.session_id)
         base = max(row_reserved, live.reserved_until, known_last_id, self._known_last_id(live))
-        epoch, replaced = await store.restart_epoch(
-            live.session_id, stale_epoch, base, known_last_id
-        )
+        refuse_from = MAX_SAFE_INTEGER if diverged else known_last_id
+        epoch, replaced = await store.restart_epoch(live.session_id, stale_epoch, base, refuse_from)
         if replaced:
             live.reserved_until = await database_sync_to_async(rows.reserve_after_new_epoch)(
                 live.session_id, base, block
@@ -300,6 +340,11 @@ class RedisBackend(RedisControlled):
         if window.head.epoch is not None and window.head.last_event_id < known_last_id:
             await self._restart_epoch(live, window.head.epoch, "stale_data", known_last_id)
             window = await store.window(live.session_id)
+        elif self._diverged(live.session_id, window):
+            await self._restart_epoch(
+                live, window.head.epoch, "diverged_data", known_last_id, diverged=True
+            )
+            window = await store.window(live.session_id)
         if window.head.epoch is None:  # lost between ensure and read: let the caller retry
             raise BackendUnavailableError("Redis lost the session's data while loading it")
         entries = window.entries
@@ -344,15 +389,9 @@ class RedisBackend(RedisControlled):
         ring_size = min(MAX_EVENT_RING_SIZE, max(row.ring_size or 0, len(entries)))
         bus = self.new_bus(row.id, ring_size, start_id=entries[0][0], epoch=window.head.epoch)
         frames = (_frame_from_entry(event_id, body) for event_id, body in entries)
-        live = LiveSession(
-            session_id=row.id,
-            title=row.title,
-            owner_id=row.owner_id,
-            bus=closed_bus(bus, frames),
-            reserved_until=0,
-            created_at=row.created_at.isoformat(),
-            ring_size=ring_size,
-        )
+        closed = closed_bus(bus, frames)
+        created_at = row.created_at.isoformat()
+        live = LiveSession(row.id, row.title, row.owner_id, closed, 0, created_at, ring_size)
         return self._snapshot_page(live, limit, before, 0)
 
     def _drop_mirror(self, live: LiveSession, reason: str) -> None:
@@ -425,6 +464,8 @@ class RedisBackend(RedisControlled):
                 idempotency_ttl_s=config.idempotency_ttl_s,
                 idempotency_max_keys=config.idempotency_max_keys,
                 closed_ttl_ms=int(config.closed_history_s * 1000),
+                wait_replicas=config.redis_wait_replicas,
+                wait_timeout_ms=config.redis_wait_timeout_ms,
             )
             if outcome.status == "replay":
                 assert outcome.remembered is not None
@@ -434,6 +475,7 @@ class RedisBackend(RedisControlled):
                 assert outcome.event_id is not None
                 assert outcome.epoch is not None
                 self._note_issued(live.session_id, outcome.event_id)
+                self._note_fingerprint(live.session_id, outcome.event_id, outcome.epoch, body)
                 self.hooks.event_published(live.session_id)  # here, not in every mirror
                 return Published(outcome.event_id, outcome.epoch)
             if outcome.status == "closed":
@@ -557,6 +599,7 @@ class RedisBackend(RedisControlled):
                 self._store.unwatch(session_id)
             return
         bus = live.bus
+        taken: tuple[int, bytes] | None = None
         for event_id, body in entries:
             if event_id < bus.next_id:
                 continue  # already taken (the window read and the reader overlapped)
@@ -567,12 +610,17 @@ class RedisBackend(RedisControlled):
                 self._drop_mirror(live, "mirror_gap")
                 break
             self._note_issued(session_id, event_id)
+            taken = (event_id, body)
             if frame.type == "session_closed":
                 bus.close()
+                taken = None
                 self._known_last.pop(session_id, None)  # closed for good: the row answers
+                self._fingerprints.pop(session_id, None)
                 if self._store is not None:
                     self._store.unwatch(session_id)
                 break
+        if taken is not None and bus.epoch is not None:  # one digest per batch, not per event
+            self._note_fingerprint(session_id, taken[0], bus.epoch, taken[1])
         assert isinstance(live, RedisLiveSession)
         advanced, live._advanced = live._advanced, asyncio.Event()
         advanced.set()
@@ -588,9 +636,20 @@ class RedisBackend(RedisControlled):
             _advanced(live).set()  # wake any waiting subscriber: it fails, its client retries
         self.registry.clear()
         logger.error("streams_ended reason=backend_unavailable subscribers=%d", ended)
+        if self._store is not None and self._store.attached_to is not None:
+            self._last_attached = self._store.attached_to
+        self.hooks.backend_link("lost")
 
     def _on_recovery(self) -> None:
-        """Redis is back: nothing to do here, mirrors are rebuilt as clients come back."""
+        """Redis is back: mirrors are rebuilt as clients come back; announce the link (a
+        ``failover`` when the reader now reads from another server than before)."""
+        store = self._store
+        attached = store.attached_to if store is not None else None
+        self.hooks.backend_link("reattached")
+        if attached is not None and self._last_attached not in (None, attached):
+            logger.warning("backend_failover from=%s to=%s", self._last_attached, attached)
+            self.hooks.backend_link("failover")
+        self._last_attached = attached
 
     def _report_and_sweep(self) -> dict[str, Any]:
         """The reporter's periodic call: unload idle mirrors, then report."""
@@ -624,6 +683,12 @@ def _replayed(remembered: Remembered, idempotency: IdempotencyKey) -> Published:
     if remembered.digest != idempotency.digest:
         raise IdempotencyKeyReusedError(idempotency.key)
     return Published(remembered.id, remembered.epoch, replayed=True)
+
+
+def _digest(body: bytes) -> bytes:
+    """A 16-byte digest of an event's stored bytes (what :meth:`RedisBackend._diverged`
+    compares)."""
+    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 def _advanced(live: LiveSession) -> asyncio.Event:

@@ -15,21 +15,22 @@ from typing import Any
 
 import orjson
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from sessions.backends.redis_store import report_keys, unavailable_as_error
+from sessions.backends.redis_clients import RedisTarget, sync_client, unavailable_as_error
+from sessions.backends.redis_store import report_keys
 
 __all__ = ["read_reports_blocking", "send_control_blocking"]
 
 
-def _client(url: str, timeout_s: float) -> redis.Redis:
-    return redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+def _client(target: str | RedisTarget, timeout_s: float) -> redis.Redis:
+    return sync_client(
+        target if isinstance(target, RedisTarget) else RedisTarget(target), timeout_s
     )
 
 
-def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[dict[str, Any]]:
+def read_reports_blocking(
+    url: str | RedisTarget, prefix: str, *, timeout_s: float
+) -> list[dict[str, Any]]:
     """Return every live process's report, read with a short-lived synchronous client.
 
     For threads without a store's loop (an admin view in a process that never built a
@@ -53,7 +54,7 @@ def read_reports_blocking(url: str, prefix: str, *, timeout_s: float) -> list[di
 
 
 def send_control_blocking(
-    url: str, prefix: str, message: Mapping[str, Any], *, timeout_s: float
+    url: str | RedisTarget, prefix: str, message: Mapping[str, Any], *, timeout_s: float
 ) -> int:
     """Publish one control message with a short-lived synchronous client; return how many
     processes received it. For a process without a store's loop (a management command):

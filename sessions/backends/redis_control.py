@@ -21,14 +21,26 @@ from typing import Any
 from sessions.backends.base import Backend, Disconnected, LiveSession
 from sessions.backends.errors import BackendUnavailableError
 from sessions.backends.redis_blocking import read_reports_blocking, send_control_blocking
+from sessions.backends.redis_clients import RedisTarget
 from sessions.backends.redis_store import RedisStore
 from sessions.backends.reports import make_report, merge_reports
 from sessions.backends.revoked_streams import Revocation
 from sessions.bus import BusStats
+from sessions.conf import QwenwebConfig
 
-__all__ = ["RedisControlled"]
+__all__ = ["RedisControlled", "redis_target"]
 
 logger = logging.getLogger("qwenweb.runtime")
+
+
+def redis_target(config: QwenwebConfig) -> RedisTarget:
+    """Where the settings put the Redis primary: ``REDIS_URL``, or its Sentinels."""
+    return RedisTarget(
+        config.redis_url,
+        config.redis_sentinels,
+        config.redis_sentinel_service,
+        config.redis_sentinel_password,
+    )
 
 
 class RedisControlled(Backend):
@@ -102,7 +114,7 @@ class RedisControlled(Backend):
         nothing still shows the cluster's numbers and starts nothing."""
         if self.loop.get() is None:
             reports = read_reports_blocking(
-                self.config.redis_url, self.config.redis_key_prefix, timeout_s=timeout_s / 3
+                redis_target(self.config), self.config.redis_key_prefix, timeout_s=timeout_s / 3
             )
             return merge_reports(reports, session_ids)
 
@@ -178,7 +190,7 @@ class RedisControlled(Backend):
         config = self.config
         try:
             told = send_control_blocking(
-                config.redis_url, config.redis_key_prefix, revocation.message(), timeout_s=2.0
+                redis_target(config), config.redis_key_prefix, revocation.message(), timeout_s=2.0
             )
         except BackendUnavailableError as exc:
             logger.error("revocation_not_relayed error=%s (the sweeps still see it)", exc)

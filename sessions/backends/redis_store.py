@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -50,8 +49,16 @@ import orjson
 import redis.asyncio as redis_asyncio
 from redis import exceptions as redis_errors
 
-from sessions.backends.errors import BackendUnavailableError, PublishOutcomeUnknownError
+from sessions.backends.errors import BackendUnavailableError, OutcomeUnknownError
 from sessions.backends.idempotency import IdempotencyKey, Remembered
+from sessions.backends.redis_clients import (
+    UNAVAILABLE_ERRORS,
+    RedisTarget,
+    async_client,
+    async_pool,
+    is_unavailable,
+    unavailable_as_error,
+)
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -86,40 +93,6 @@ _CLOSE_RECANCEL_S: Final = 0.1
 #: (at most ``_COMMAND_TIMEOUT_S``) for one to come back, instead of failing at once
 #: ("Too many connections": a burst of stream opens answered 503 under granian).
 _POOL_SIZE: Final = 100
-
-#: The errors that mean "Redis is not there right now" (not a bug in our commands).
-_UNAVAILABLE: Final = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.ReadOnlyError,
-    redis_errors.TryAgainError,
-    # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
-    redis_errors.OutOfMemoryError,
-    OSError,
-)
-
-#: Error replies that mean "Redis cannot serve writes right now" (a script running too long,
-#: a failed background save, no replicas), not a bug in our commands: a 503, not a 500.
-_TRANSIENT_REPLIES: Final = ("BUSY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "LOADING")
-
-
-_TRANSIENT_REPLY_RE: Final = re.compile(
-    r"(?:^|[:(']\s*)(?:" + "|".join(_TRANSIENT_REPLIES) + r")\b"
-)
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` means Redis is out of reach or cannot serve now (never raises).
-
-    Error replies count when they carry one of ``_TRANSIENT_REPLIES``, also as the cause
-    of a discarded transaction or a failed pipeline command (redis-py wraps those).
-    """
-    if isinstance(exc, _UNAVAILABLE):
-        return True
-    return isinstance(exc, redis_errors.ResponseError) and bool(
-        _TRANSIENT_REPLY_RE.search(str(exc))
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,24 +133,27 @@ class RedisStore:
     Must be created on the loop it will serve (``loop``).
 
     Args:
-        url: a redis-py URL (``redis://host:port/db``).
+        target: a redis-py URL (``redis://host:port/db``) or a :class:`RedisTarget`
+            (Sentinels: every connection follows the current primary).
         prefix: the key prefix (several deployments or test runs can share one Redis).
         process_ttl_s: how long a process's report stays without being renewed.
     """
 
-    def __init__(self, url: str, prefix: str, *, process_ttl_s: float = 10.0) -> None:
-        self.url = url
+    def __init__(
+        self, target: str | RedisTarget, prefix: str, *, process_ttl_s: float = 10.0
+    ) -> None:
         self.prefix = prefix
         self.process_ttl_s = process_ttl_s
         self.process_uid = secrets.token_hex(8)
         self.loop = asyncio.get_running_loop()
-        pool = redis_asyncio.BlockingConnectionPool.from_url(
-            url,
+        self.target = target if isinstance(target, RedisTarget) else RedisTarget(target)
+        self.url = self.target.url
+        pool = async_pool(
+            self.target,
             max_connections=_POOL_SIZE,
-            timeout=_COMMAND_TIMEOUT_S,
-            socket_connect_timeout=_CONNECT_TIMEOUT_S,
-            socket_timeout=_COMMAND_TIMEOUT_S,
-            retry_on_timeout=False,
+            timeout_s=_COMMAND_TIMEOUT_S,
+            connect_timeout_s=_CONNECT_TIMEOUT_S,
+            socket_timeout_s=_COMMAND_TIMEOUT_S,
         )
         self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
         self._publish_script = self.client.register_script(PUBLISH_LUA)
@@ -190,6 +166,9 @@ class RedisStore:
         # Set by aclose: the loops end even where redis-py swallowed the cancellation.
         self._closing = False
         self.available = True
+        #: ``(host, port)`` the reader last read from (with Sentinels: the primary they
+        #: named), None before its first read.
+        self.attached_to: tuple[str, int] | None = None
         # Set while the reader is connected; a successful command elsewhere pokes a reader
         # that is backing off after an outage, so it need not wait out its backoff.
         self._recovered = asyncio.Event()
@@ -265,9 +244,17 @@ class RedisStore:
             raise BackendUnavailableError("this process's Redis reader is reconnecting") from None
 
     async def ping(self) -> None:
-        """Check that Redis answers now (one PING). Raises :class:`BackendUnavailableError`."""
+        """Check that Redis answers now (one PING; with Sentinels one ``ROLE``, which must
+        say ``master``: a demoted primary answers too). Raises
+        :class:`BackendUnavailableError`."""
         with unavailable_as_error():
-            await self.client.ping()
+            if not self.target.sentinels:
+                await self.client.ping()
+                return
+            role: Any = await self.client.role()
+        if _text(role[0]) != "master":
+            await self._drop_idle_connections()  # the next ones ask the Sentinels again
+            raise BackendUnavailableError("the Redis this process reached is not the primary")
 
     async def head(self, session_id: str) -> SessionHead:
         """Return the session's epoch, last id and closed flag. Raises BackendUnavailableError."""
@@ -314,6 +301,8 @@ class RedisStore:
         max_bytes: int = DEFAULT_RING_MAX_BYTES,
         max_age_s: float = 0.0,
         closed_ttl_ms: int = CLOSED_KEYS_TTL_MS,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring, then trim it to
         ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
@@ -321,7 +310,7 @@ class RedisStore:
 
         ``body`` is the compact JSON envelope without ``id`` (it must start with ``{"v":``).
         ``close`` marks the session closed after this event (``session_closed``) and lets
-        its stream expire after ``closed_ttl_ms`` (at least ``CLOSED_KEYS_TTL_MS``).
+        its keys expire after ``closed_ttl_ms`` (at least ``CLOSED_KEYS_TTL_MS``).
         ``known_last_id``: the highest id the caller knows was issued; if Redis's last id is
         below it, Redis went back in time (restored from an older snapshot) and nothing is
         appended (status ``stale``): an id must never be issued twice in one epoch.
@@ -329,7 +318,15 @@ class RedisStore:
         ``idempotency_ttl_s``) appends nothing and answers status ``replay`` with its first
         result; a new key is stored with the new id, at most ``idempotency_max_keys`` per
         session (oldest dropped), all in the same script. The caller compares digests.
-        Raises :class:`BackendUnavailableError`.
+        ``wait_replicas`` > 0: ``WAIT wait_replicas wait_timeout_ms`` follows the script on
+        the same connection (a pipeline), also for a replayed key (after a write that covers
+        the first one), so an ``ok`` or ``replay`` is on that many replicas.
+
+        Raises:
+            OutcomeUnknownError: fewer replicas confirmed in time (the write may be lost
+                in a failover; a retry with the same key answers once it is confirmed),
+                or Redis timed out or the connection was lost after the script was sent.
+            BackendUnavailableError: Redis unreachable or too slow.
         """
         keys = [
             self.meta_key(session_id),
@@ -355,10 +352,17 @@ class RedisStore:
         ]
         try:
             with unavailable_as_error():
-                reply = await self._publish_script(keys=keys, args=args)
+                if wait_replicas:
+                    reply = await self._publish_replicated(
+                        keys, args, wait_replicas, wait_timeout_ms
+                    )
+                else:
+                    reply = await self._publish_script(keys=keys, args=args)
+        except OutcomeUnknownError:
+            raise
         except BackendUnavailableError as exc:
             if _may_have_run(exc.__cause__):
-                raise PublishOutcomeUnknownError(str(exc)) from exc.__cause__
+                raise OutcomeUnknownError(str(exc)) from exc.__cause__
             raise
         status = _text(reply[0])
         if status == "ok":
@@ -372,6 +376,36 @@ class RedisStore:
         if status in ("closed", "stale"):
             return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
+
+    async def _publish_replicated(
+        self, keys: list[str], args: list[bytes | str | int], replicas: int, timeout_ms: int
+    ) -> Any:
+        """The publish script, then ``WAIT`` on the same connection; raises
+        :class:`OutcomeUnknownError` if fewer than ``replicas`` confirmed in time."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._publish_script(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acked = await pipe.execute()
+        if _text(reply[0]) == "replay":
+            # A replay writes nothing, and WAIT covers only this connection's own writes:
+            # one write now (the TTL the script gives the key hash) makes it cover the
+            # first publish, whichever connection made it.
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.pexpire(keys[2], int(args[8]))
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+                _, acked = await pipe.execute()
+        if _text(reply[0]) in ("ok", "replay") and int(acked) < replicas:
+            logger.warning(
+                "publish_outcome_unknown key=%s replicas=%d wanted=%d timeout_ms=%d",
+                keys[0],
+                int(acked),
+                replicas,
+                timeout_ms,
+            )
+            raise OutcomeUnknownError(
+                f"{int(acked)} of {replicas} replicas confirmed the publish in {timeout_ms} ms"
+            )
+        return reply
 
     async def recall(self, session_id: str, key: str, *, ttl_s: float = 900.0) -> Remembered | None:
         """Return the first result stored for ``key`` in the session (younger than
@@ -452,7 +486,7 @@ class RedisStore:
             logger.debug("wake failed: %r", task.exception())
 
     async def _send_wake(self) -> None:
-        with contextlib.suppress(*_UNAVAILABLE):
+        with contextlib.suppress(*UNAVAILABLE_ERRORS):
             await self.client.xadd(self._wake_key, {"w": "1"}, maxlen=1)
 
     def start(
@@ -475,11 +509,10 @@ class RedisStore:
         self, on_entries: EntryHandler, on_outage: OutageHandler, on_recovery: RecoveryHandler
     ) -> None:
         backoff = _BACKOFF_START_S
-        reader = redis_asyncio.Redis.from_url(
-            self.url,
-            socket_connect_timeout=_CONNECT_TIMEOUT_S,
-            socket_timeout=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
-            single_connection_client=True,
+        reader = async_client(
+            self.target,
+            connect_timeout_s=_CONNECT_TIMEOUT_S,
+            socket_timeout_s=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
         )
         try:
             while not self._closing:
@@ -489,20 +522,20 @@ class RedisStore:
                         await self._drop_idle_connections()
                         self.available = True
                         self._recovered.set()
-                        logger.warning("backend_recovered url=%s", _safe_url(self.url))
+                        logger.warning("backend_recovered url=%s", self.target.describe())
                         on_recovery()
                     backoff = _BACKOFF_START_S
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the reader must never die: treat it as an outage
                     if not is_unavailable(exc):
-                        logger.exception("reader_failed url=%s", _safe_url(self.url))
+                        logger.exception("reader_failed url=%s", self.target.describe())
                     if self.available:
                         self.available = False
                         self._recovered.clear()
                         logger.error(
                             "backend_unavailable url=%s error=%s",
-                            _safe_url(self.url),
+                            self.target.describe(),
                             f"{type(exc).__name__}: {exc}",
                         )
                         on_outage(exc)
@@ -537,8 +570,10 @@ class RedisStore:
             streams[key] = f"{after}-0"
         if not self.available:  # after an outage: answer recovery at once, not after BLOCK
             await reader.ping()
+            self._note_attached(reader)
             return
         reply: Any = await reader.xread(streams, count=_READ_COUNT, block=_READ_BLOCK_MS)
+        self._note_attached(reader)
         for raw_key, raw_entries in reply or ():
             key = _text(raw_key)
             if key == self._wake_key:
@@ -551,6 +586,11 @@ class RedisStore:
             entries = [(_entry_id(entry_id), fields[b"e"]) for entry_id, fields in raw_entries]
             self._watched[watched_id] = entries[-1][0]
             on_entries(watched_id, entries)
+
+    def _note_attached(self, reader: redis_asyncio.Redis) -> None:
+        connection = reader.connection
+        if connection is not None:
+            self.attached_to = (str(connection.host), int(connection.port))
 
     async def _listen_forever(self, on_control: ControlHandler) -> None:
         backoff = _BACKOFF_START_S
@@ -620,18 +660,6 @@ def report_keys(prefix: str, uids: Any) -> list[str]:
     return [f"{prefix}:proc:{_text(uid)}" for uid in uids]
 
 
-@contextlib.contextmanager
-def unavailable_as_error() -> Any:
-    try:
-        yield
-    except redis_errors.RedisError as exc:
-        if not is_unavailable(exc):
-            raise
-        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
-    except OSError as exc:
-        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
-
-
 def _may_have_run(cause: BaseException | None) -> bool:
     """Whether a command that failed with ``cause`` may still have run in Redis: a reply
     that did not come in time, or a connection lost once it was open (not one that could
@@ -653,11 +681,3 @@ def _text(value: Any) -> str:
 def _entry_id(raw: bytes | str) -> int:
     text = _text(raw)
     return int(text.partition("-")[0])
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for log lines."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return f"{scheme}{sep}{rest}"

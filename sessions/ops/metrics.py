@@ -151,6 +151,13 @@ class Families:
             "Requests refused and streams ended because the event store (Redis) was unreachable.",
             registry=registry,
         )
+        self.backend_link = Counter(
+            "qwenweb_backend_link_changes",
+            "This process's reader lost the event store (lost), got it back (reattached), "
+            "and of those, on another primary (failover: a Sentinel promotion).",
+            ["event"],
+            registry=registry,
+        )
         self.latency = Histogram(
             "qwenweb_delivery_latency_seconds",
             "Live event accepted by this process's bus -> its bytes handed to the server.",
@@ -179,6 +186,8 @@ class Families:
             self.evictions.labels(reason=reason)
         for reason in ("epoch_reset", "ring_evicted"):
             self.resyncs.labels(reason=reason)
+        for event in ("lost", "reattached", "failover"):
+            self.backend_link.labels(event=event)
 
 
 @functools.cache
@@ -290,6 +299,9 @@ class Metrics(Listener):
         families().rejected.labels(code=code).inc()
         if code == "backend_unavailable":
             self._totals.backend_unavailable += 1
+
+    def backend_link(self, event: str) -> None:
+        families().backend_link.labels(event=event).inc()
 
     def loop_attached(self, loop: asyncio.AbstractEventLoop) -> None:
         """Flush every ``METRICS_FLUSH_INTERVAL_S`` on ``loop`` (idempotent per loop)."""

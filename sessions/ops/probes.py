@@ -6,10 +6,10 @@ here, so the Host check of every other URL is unchanged (docs/operators.md).
 
 - ``/healthz``: 200 ``{"status": "ok"}`` while the process answers at all.
 - ``/readyz``: 200 ``{"status": "ready", "checks": {...}}`` when the database answers
-  and the backend is healthy (under Redis: Redis answers and this process's reader
-  runs); 503 ``not_ready`` naming what failed, and 503 ``draining`` once the graceful
-  drain started (:mod:`sessions.ops.lifecycle`). Each check is bounded by
-  :data:`CHECK_TIMEOUT_S`.
+  and the backend is healthy (under Redis: Redis answers, with Sentinels as the current
+  primary, and this process's reader is attached); 503 ``not_ready`` naming what
+  failed, and 503 ``draining`` once the graceful drain started
+  (:mod:`sessions.ops.lifecycle`). Each check is bounded by :data:`CHECK_TIMEOUT_S`.
 - ``/metrics``: the Prometheus text of :func:`sessions.ops.metrics.render`, for a
   request with ``Authorization: Bearer <METRICS_TOKEN>`` or from an address in
   ``METRICS_ALLOWED_NETS`` carrying no forwarding header (behind a proxy every request

@@ -1,0 +1,258 @@
+"""Every Redis client of the Redis backend is built here: one place per deployment shape.
+
+A :class:`RedisTarget` says where the primary is: a plain ``REDIS_URL``, or Sentinels that
+name the current primary of a service (``REDIS_SENTINELS``, ``REDIS_SENTINEL_SERVICE``).
+With Sentinels the URL's host and port are ignored; its user, password, database and TLS
+(``rediss://``) still apply to the data connections. A Sentinel-managed connection asks the
+Sentinels for the primary each time it (re)connects, and redis-py closes it when the
+primary answers ``READONLY`` (it was demoted): so the command pool, the reader and the
+control listener follow a failover by reconnecting, without a restart.
+
+Adding Redis Cluster is one more branch in each builder. The errors that mean "Redis is
+not there right now" are classified here too (:func:`is_unavailable`). This module
+imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+import redis
+import redis.asyncio as redis_asyncio
+import redis.asyncio.sentinel as async_sentinel
+import redis.sentinel as sync_sentinel
+from redis import exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
+
+from sessions.backends.errors import BackendUnavailableError
+
+__all__ = [
+    "UNAVAILABLE_ERRORS",
+    "RedisTarget",
+    "async_client",
+    "async_pool",
+    "is_unavailable",
+    "sync_client",
+    "unavailable_as_error",
+]
+
+#: What the URL says that a Sentinel-managed connection must not take over (the address
+#: comes from the Sentinels; TLS is chosen by the connection class).
+_ADDRESS_KEYS: Final = ("host", "port", "path", "connection_class")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where the backend's Redis primary is (module docstring).
+
+    ``sentinels`` empty: ``url`` is the server. Otherwise the Sentinels at those
+    ``(host, port)`` pairs name the primary of ``service``; ``sentinel_password`` is
+    what the Sentinels themselves ask for (empty: none).
+    """
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    sentinel_password: str = ""
+
+    def describe(self) -> str:
+        """A log-safe name: the URL without its password, or the Sentinel service."""
+        if self.sentinels:
+            first = ",".join(f"{host}:{port}" for host, port in self.sentinels)
+            return f"sentinel://{first}/{self.service}"
+        scheme, sep, rest = self.url.partition("://")
+        if "@" in rest:
+            rest = "***@" + rest.rpartition("@")[2]
+        return f"{scheme}{sep}{rest}"
+
+    def _data_kwargs(self) -> dict[str, Any]:
+        """The URL's user, password, database and TLS, for Sentinel-managed connections."""
+        kwargs: dict[str, Any] = parse_url(self.url)  # type: ignore[no-untyped-call]
+        for key in _ADDRESS_KEYS:
+            kwargs.pop(key, None)
+        return kwargs
+
+    def _async_connection_class(self) -> type[redis_asyncio.Connection]:
+        return _FollowingSSLConnection if self.url.startswith("rediss://") else _FollowingConnection
+
+    def _sentinel_kwargs(self, connect_timeout_s: float, timeout_s: float) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "socket_connect_timeout": connect_timeout_s,
+            "socket_timeout": timeout_s,
+        }
+        if self.sentinel_password:
+            kwargs["password"] = self.sentinel_password
+        return kwargs
+
+
+class _FollowingConnection(async_sentinel.SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the Sentinels for the primary on *every*
+    (re)connect.
+
+    redis-py 8.1's asyncio client reconnects a dropped connection through
+    ``connect_check_health``, which skips the Sentinel lookup of ``connect()``: a client
+    whose connection dropped at a failover would dial the dead primary forever (the
+    reader never re-attaches). The lookup is made where every path dials: ``_connect``.
+    """
+
+    async def _connect(self) -> None:
+        if self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super()._connect()  # type: ignore[no-untyped-call]
+
+
+class _FollowingSSLConnection(_FollowingConnection, redis_asyncio.SSLConnection):
+    """:class:`_FollowingConnection` over TLS (``rediss://``)."""
+
+
+class _BlockingSentinelPool(
+    async_sentinel.SentinelConnectionPool, redis_asyncio.BlockingConnectionPool
+):
+    """A Sentinel-managed pool that waits for a free connection (as the plain pool does)."""
+
+
+def async_pool(
+    target: RedisTarget,
+    *,
+    max_connections: int,
+    timeout_s: float,
+    connect_timeout_s: float,
+    socket_timeout_s: float,
+) -> redis_asyncio.ConnectionPool:
+    """Return a command pool of at most ``max_connections`` connections to the primary.
+
+    A command that finds all of them busy waits at most ``timeout_s`` for one. Nothing is
+    connected yet (never raises for an unreachable Redis; commands do).
+    """
+    if target.sentinels:
+        manager = async_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            target.sentinels,
+            sentinel_kwargs=target._sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+        )
+        return _BlockingSentinelPool(  # type: ignore[no-untyped-call]
+            target.service,
+            manager,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=socket_timeout_s,
+            retry_on_timeout=False,
+            connection_class=target._async_connection_class(),
+            **target._data_kwargs(),
+        )
+    return redis_asyncio.BlockingConnectionPool.from_url(
+        target.url,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        retry_on_timeout=False,
+    )
+
+
+def async_client(
+    target: RedisTarget, *, connect_timeout_s: float, socket_timeout_s: float
+) -> redis_asyncio.Redis:
+    """Return a one-connection client to the primary (the reader's ``XREAD BLOCK``)."""
+    if target.sentinels:
+        manager = async_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            target.sentinels,
+            sentinel_kwargs=target._sentinel_kwargs(connect_timeout_s, socket_timeout_s),
+        )
+        client: redis_asyncio.Redis = manager.master_for(
+            target.service,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=socket_timeout_s,
+            connection_class=target._async_connection_class(),
+            **target._data_kwargs(),
+        )
+        # master_for builds the client from its pool and takes no single_connection_client:
+        # the reader's one connection must stay its own (its blocked XREAD holds it).
+        client.single_connection_client = True
+        return client
+    return redis_asyncio.Redis.from_url(
+        target.url,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        single_connection_client=True,
+    )
+
+
+def sync_client(target: RedisTarget, timeout_s: float) -> redis.Redis:
+    """Return a synchronous client whose connect and commands are bounded by ``timeout_s``
+    and never retried (one-shot use from a thread or a management command)."""
+    no_retry = Retry(NoBackoff(), 0)
+    if target.sentinels:
+        manager = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            target.sentinels,
+            sentinel_kwargs={
+                **target._sentinel_kwargs(timeout_s, timeout_s),
+                "retry": no_retry,
+            },
+        )
+        client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+            target.service,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=no_retry,
+            ssl=target.url.startswith("rediss://"),
+            **target._data_kwargs(),
+        )
+        return client
+    return redis.Redis.from_url(
+        target.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=no_retry
+    )
+
+
+#: The errors that mean "Redis is not there right now" (not a bug in our commands).
+UNAVAILABLE_ERRORS: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
+    redis_errors.OutOfMemoryError,
+    OSError,
+)
+
+#: Error replies that mean "Redis cannot serve writes right now" (a script running too long,
+#: a failed background save, no replicas), not a bug in our commands: a 503, not a 500.
+_TRANSIENT_REPLIES: Final = ("BUSY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
+_TRANSIENT_REPLY_RE: Final = re.compile(
+    r"(?:^|[:(']\s*)(?:" + "|".join(_TRANSIENT_REPLIES) + r")\b"
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis is out of reach or cannot serve now (never raises).
+
+    Error replies count when they carry one of ``_TRANSIENT_REPLIES``, also as the cause
+    of a discarded transaction or a failed pipeline command (redis-py wraps those).
+    """
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis_errors.ResponseError) and bool(
+        _TRANSIENT_REPLY_RE.search(str(exc))
+    )
+
+
+@contextlib.contextmanager
+def unavailable_as_error() -> Any:
+    """Turn the errors :func:`is_unavailable` accepts (and OSError) into
+    :class:`BackendUnavailableError`; other errors pass through."""
+    try:
+        yield
+    except redis_errors.RedisError as exc:
+        if not is_unavailable(exc):
+            raise
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
+    except OSError as exc:
+        raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc
