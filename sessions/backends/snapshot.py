@@ -142,7 +142,7 @@ def snapshot_page(
         "title": live.title,
         "status": "closed" if bus.closed else "open",
         "createdAt": live.created_at,
-        "lastEventId": bus.last_event_id,
+        "lastEventId": _last_issued(bus),
         "epoch": bus.epoch,
         "subscriberCount": bus.subscriber_count if subscriber_count is None else subscriber_count,
         "ringSize": bus.ring_size,
@@ -151,6 +151,15 @@ def snapshot_page(
         "hasOlder": has_older,
     }
     return SnapshotPage(head, tuple(picked))
+
+
+def _last_issued(bus: EventBus) -> int | None:
+    """The last id ``bus`` issued: 0 before the first event of a sequence starting at 1,
+    None when its epoch started above 1 and has issued nothing yet (a memory-only bus
+    rebuilt after a restart: ``start_id - 1`` was reserved, never issued; EB-1)."""
+    if bus.last_event_id >= bus.start_id or bus.start_id == 1:
+        return bus.last_event_id
+    return None
 
 
 def _frame_id(frame: Frame) -> int:

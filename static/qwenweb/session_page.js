@@ -142,7 +142,7 @@ class SessionPage {
       this.panel.notify(`Could not load the snapshot (${error.message}); streaming live only.`, "error");
     }
     if (snapshot !== null) this.snapshots.rebuild(snapshot);
-    this.openStream(snapshot !== null ? String(snapshot.lastEventId) : "", snapshot !== null ? snapshot.epoch : null);
+    this.openStream(snapshot !== null ? snapshotCursor(snapshot) : "", snapshot !== null ? snapshot.epoch : null);
   }
 
   /** `GET /session/<id>` (the newest events; `query` e.g. "?before=120" pages back). */
@@ -283,8 +283,9 @@ class SessionPage {
 
   /** After a resync: the stream resumes from the snapshot's cursor and epoch (SC-12). */
   adoptCursor(snapshot) {
-    if (this.stream === null || snapshot.status === "closed" || !Number.isSafeInteger(snapshot.lastEventId)) return;
-    this.stream.adoptCursor(String(snapshot.lastEventId), snapshot.epoch ?? null);
+    const cursor = snapshotCursor(snapshot);
+    if (this.stream === null || snapshot.status === "closed" || cursor === "") return;
+    this.stream.adoptCursor(cursor, snapshot.epoch ?? null);
   }
 
   /** Draw one event (the next id) in the transcript and the log; it becomes the cursor. */
@@ -530,6 +531,18 @@ class SessionPage {
     });
     this.updateReaderPoll();
   }
+}
+
+/**
+ * The stream cursor a snapshot hands over, as a string ("" when it has none): its
+ * `lastEventId`, or, when that is null (an epoch that has issued no id yet, e.g. a
+ * memory-only server after a restart), `earliestAvailableId - 1`: the cursor just below
+ * the sequence's first id, which resumes without a resync (docs/protocol.md, snapshot).
+ */
+function snapshotCursor(snapshot) {
+  if (Number.isSafeInteger(snapshot.lastEventId)) return String(snapshot.lastEventId);
+  if (Number.isSafeInteger(snapshot.earliestAvailableId)) return String(snapshot.earliestAvailableId - 1);
+  return "";
 }
 
 function collectDom() {
