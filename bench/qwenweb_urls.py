@@ -19,10 +19,14 @@
 - ``POST /bench/tracemalloc?action=mark|report``: only when the server was started with
   ``BENCH_TRACEMALLOC=1`` (``bench.memprofile``): snapshot, then the top allocation sites
   grown since the mark.
+- ``POST /bench/malloc_trim``: call glibc's ``malloc_trim(0)`` in the serving process
+  (``bench.rss_after_close``); ``{"trimmed": bool}`` (``null`` where there is no glibc).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import tracemalloc
@@ -177,6 +181,17 @@ async def bench_tracemalloc(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"total_diff": total, "top": top})
 
 
+@csrf_exempt
+async def bench_malloc_trim(request: HttpRequest) -> HttpResponse:
+    # Bench only: does glibc hand back freed pages when asked? (docs/capacity.md §5)
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    return JsonResponse({"trimmed": None if trim is None else bool(trim(0))})
+
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/session", bench_session),
     path("bench/burst", bench_burst),
@@ -184,5 +199,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/paced", bench_paced),
     path("bench/ping", bench_ping),
     path("bench/tracemalloc", bench_tracemalloc),
+    path("bench/malloc_trim", bench_malloc_trim),
     *project_urlpatterns,
 ]
