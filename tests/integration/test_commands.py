@@ -96,6 +96,19 @@ def test_demo_does_not_reuse_a_session_a_running_server_holds() -> None:
     assert command._demo_session(user).id in (first.id, second.id)  # newest free one
 
 
+def test_demo_continues_the_session_a_crashed_server_still_holds() -> None:
+    # After kill -9 the dead server's hold lasts SESSION_HOLD_TTL_S: it holds nothing.
+    command = DemoCommand(stdout=io.StringIO())
+    user = command._demo_user()
+    first = command._demo_session(user)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)  # reaped: its pid names no process
+    held_until = timezone.now() + datetime.timedelta(seconds=30)
+    holder = f"{socket.gethostname()}:{dead.pid}:t"
+    AgentSession.objects.filter(pk=first.id).update(held_by=holder, held_until=held_until)
+    assert command._demo_session(user).id == first.id
+
+
 def test_demo_refuses_a_port_that_is_taken() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -35,6 +35,7 @@ from django.core.management.base import CommandParser
 from django.utils import timezone
 
 from sessions.auth import issue_current_token
+from sessions.backends import rows
 from sessions.conf import get_config
 from sessions.models import AgentSession
 from sessions.ops.parent_death import PARENT_PID_ENV
@@ -166,19 +167,18 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
 
     def _demo_session(self, user: Any) -> AgentSession:
         """The demo user's newest open demo session that no running server holds (a
-        second `make demo` continues its id; with the memory backend its events are gone
-        with the old process, so it starts a new epoch), else a new one."""
-        session = (
-            AgentSession.objects.filter(
-                owner=user, title=DEMO_TITLE, status=AgentSession.Status.OPEN
-            )
-            .exclude(held_until__gt=timezone.now())
-            .order_by("-created_at")
-            .first()
-        )
-        if session is not None:
-            self.stdout.write(f"reusing the demo session {session.id} (still open)")
-            return session
+        second `make demo` continues it: with the durable backend, its history too), else
+        a new one. A hold whose process is gone (a crash, `kill -9`) holds nothing, even
+        before it lapses (:func:`~sessions.backends.rows.holder_alive`)."""
+        candidates = AgentSession.objects.filter(
+            owner=user, title=DEMO_TITLE, status=AgentSession.Status.OPEN
+        ).order_by("-created_at")
+        now = timezone.now()
+        for session in candidates[:20]:
+            held = session.held_until is not None and session.held_until > now
+            if not held or not rows.holder_alive(session.held_by):
+                self.stdout.write(f"reusing the demo session {session.id} (still open)")
+                return session
         return AgentSession.objects.create(title=DEMO_TITLE, owner=user)
 
     def _demo_user(self) -> Any:
