@@ -20,10 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.support.failover_load import post_note
 from tests.support.redis_sentinel import FAILOVER_WAIT_S, SERVICE, SentinelGroup
 from tests.support.server import (
     REPO,
@@ -82,29 +82,11 @@ def servers(
             server.stop()
 
 
-def _publish(server: ServerProcess, session: RemoteSession, key: str) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"{server.base_url}{session.events_path}",
-        data=json.dumps({"type": "note", "data": key}).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Authorization": f"Bearer {session.publish_token}",
-            "Idempotency-Key": key,
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def _publish_until_accepted(server: ServerProcess, session: RemoteSession, key: str) -> int:
     """Retry one publish (same Idempotency-Key) until 200; only 503s meanwhile. Its id."""
     deadline = time.monotonic() + FAILOVER_WAIT_S
     while True:
-        status, body = _publish(server, session, key)
+        status, body, _ = post_note(server, session, key)
         if status == 200:
             return int(body["id"])
         assert status == 503, body

@@ -8,17 +8,14 @@ replica: the publish cannot be confirmed, so it answers 503 ``outcome_unknown`` 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
+from tests.support.failover_load import post_note
 from tests.support.redis_sentinel import RedisProcess
 from tests.support.server import (
     RawSSEClient,
@@ -67,27 +64,6 @@ def waiting_server(
         server.stop()
 
 
-def _publish(
-    server: ServerProcess, session: RemoteSession, key: str
-) -> tuple[int, Any, dict[str, str]]:
-    request = urllib.request.Request(
-        f"{server.base_url}{session.events_path}",
-        data=json.dumps({"type": "note", "data": key}).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Authorization": f"Bearer {session.publish_token}",
-            "Idempotency-Key": key,
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            status, raw, headers = response.status, response.read(), response.headers
-    except urllib.error.HTTPError as exc:
-        status, raw, headers = exc.code, exc.read(), exc.headers
-    return status, json.loads(raw), {k.lower(): v for k, v in headers.items()}
-
-
 def _wait_for_link(replica: RedisProcess) -> None:
     deadline = time.monotonic() + LINK_WAIT_S
     while time.monotonic() < deadline:
@@ -104,7 +80,7 @@ async def test_unreplicated_publish_is_outcome_unknown_and_a_keyed_retry_confirm
     primary: RedisProcess, waiting_server: ServerProcess, tmp_path: Path
 ) -> None:
     session = RemoteSession.create(waiting_server.base_url)
-    status, body, headers = _publish(waiting_server, session, "k1")
+    status, body, headers = post_note(waiting_server, session, "k1")
     assert (status, body["code"]) == (503, "outcome_unknown"), body
     assert headers["retry-after"].isdigit()
     assert "Idempotency-Key" in body["error"]
@@ -113,8 +89,8 @@ async def test_unreplicated_publish_is_outcome_unknown_and_a_keyed_retry_confirm
     replica.start()
     try:
         _wait_for_link(replica)
-        first = _publish(waiting_server, session, "k1")
-        second = _publish(waiting_server, session, "k2")
+        first = post_note(waiting_server, session, "k1")
+        second = post_note(waiting_server, session, "k2")
     finally:
         replica.stop()
 

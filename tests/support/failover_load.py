@@ -82,7 +82,7 @@ class Publisher:
         first_refusal: float | None = None
         deadline = time.monotonic() + PUBLISH_GIVE_UP_S
         while time.monotonic() < deadline:
-            status, body = _post(server, self.session, key)
+            status, body, _ = post_note(server, self.session, key, timeout_s=10)
             if status == 200:
                 now = time.monotonic()
                 refused = now - first_refusal if first_refusal is not None else 0.0
@@ -101,7 +101,12 @@ class Publisher:
         self.failures.append(f"{key}: still refused after {PUBLISH_GIVE_UP_S} s")
 
 
-def _post(server: ServerProcess, session: RemoteSession, key: str) -> tuple[int, Any]:
+def post_note(
+    server: ServerProcess, session: RemoteSession, key: str, *, timeout_s: float = 15.0
+) -> tuple[int, Any, dict[str, str]]:
+    """POST a ``note`` carrying ``key`` as its data and its ``Idempotency-Key``; return
+    the status, the JSON body (``{}`` when it is not JSON) and the headers (lower-case
+    names). A refused, reset or timed-out connection is status 0 (retried like a 503)."""
     request = urllib.request.Request(
         f"{server.base_url}{session.events_path}",
         data=json.dumps({"type": "note", "data": key}).encode(),
@@ -113,15 +118,17 @@ def _post(server: ServerProcess, session: RemoteSession, key: str) -> tuple[int,
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, raw, headers = response.status, response.read(), response.headers
     except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read())
-        except ValueError:
-            return exc.code, {}
-    except OSError:  # refused, reset, timed out: retried like a 503
-        return 0, {}
+        status, raw, headers = exc.code, exc.read(), exc.headers
+    except OSError:
+        return 0, {}, {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {}
+    return status, body, {k.lower(): v for k, v in headers.items()}
 
 
 @dataclass
