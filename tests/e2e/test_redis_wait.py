@@ -68,7 +68,9 @@ def _wait_for_link(replica: RedisProcess) -> None:
     deadline = time.monotonic() + LINK_WAIT_S
     while time.monotonic() < deadline:
         try:
-            if replica.client().info("replication").get("master_link_status") == "up":
+            with replica.client() as client:
+                link = client.info("replication").get("master_link_status")
+            if link == "up":
                 return
         except (redis.RedisError, OSError):
             pass

@@ -121,7 +121,8 @@ def post_note(
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             status, raw, headers = response.status, response.read(), response.headers
     except urllib.error.HTTPError as exc:
-        status, raw, headers = exc.code, exc.read(), exc.headers
+        with exc:  # its socket, closed now rather than by the garbage collector
+            status, raw, headers = exc.code, exc.read(), exc.headers
     except OSError:
         return 0, {}, {}
     try:

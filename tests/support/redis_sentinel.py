@@ -66,11 +66,13 @@ class RedisProcess:
 
     def answers(self) -> bool:
         try:
-            return bool(self.client(timeout_s=1).ping())
+            with self.client(timeout_s=1) as client:
+                return bool(client.ping())
         except (redis.RedisError, OSError):
             return False
 
     def client(self, timeout_s: float = 5) -> redis.Redis:
+        """A client of this server; close it (``with``): an unclosed one leaks its socket."""
         return redis.Redis(
             host="127.0.0.1", port=self.port, socket_timeout=timeout_s, socket_connect_timeout=1
         )
@@ -136,9 +138,8 @@ class SentinelGroup:
         """The primary's port as the first Sentinel that answers names it, or None."""
         for sentinel in self.sentinels:
             try:
-                address: Any = sentinel.client(timeout_s=1).sentinel_get_master_addr_by_name(
-                    SERVICE
-                )
+                with sentinel.client(timeout_s=1) as client:
+                    address: Any = client.sentinel_get_master_addr_by_name(SERVICE)
             except (redis.RedisError, OSError):
                 continue
             if address:
@@ -166,8 +167,8 @@ class SentinelGroup:
         try:
             ports = set()
             for sentinel in self.sentinels:
-                client = sentinel.client(timeout_s=1)
-                master: Any = client.sentinel_master(SERVICE)
+                with sentinel.client(timeout_s=1) as client:
+                    master: Any = client.sentinel_master(SERVICE)
                 ports.add(int(master["port"]))
                 if int(master.get("num-other-sentinels", 0)) < 2:
                     return False
@@ -178,7 +179,8 @@ class SentinelGroup:
             primary = next(s for s in self.servers if s.port in ports)
             if primary.process is None:
                 return False
-            info = primary.client(timeout_s=1).info("replication")
+            with primary.client(timeout_s=1) as client:
+                info = client.info("replication")
             running = sum(1 for s in self.servers if s.process is not None) - 1
             online = sum(
                 1
@@ -205,7 +207,9 @@ class SentinelGroup:
             if port is not None and port != old_port:
                 server = next(s for s in self.servers if s.port == port)
                 try:
-                    if server.client(timeout_s=1).info("replication").get("role") == "master":
+                    with server.client(timeout_s=1) as client:
+                        role = client.info("replication").get("role")
+                    if role == "master":
                         return port
                 except (redis.RedisError, OSError):
                     pass
