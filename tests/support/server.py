@@ -95,10 +95,21 @@ class ServerProcess:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        """Start the server and wait (bounded) until it answers; a server that does not
+        come up is stopped before the error propagates, so no test leaves one running."""
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
                 list(self.argv), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -108,7 +119,7 @@ class ServerProcess:
                     self.ready()
                 else:
                     get_json(f"{self.base_url}/capabilities")
-                return self
+                return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(
