@@ -72,11 +72,17 @@ test-postgres: $(STAMP)
 # (qwtest-<random>); its keys are deleted afterwards, pass or fail. Never FLUSHDB.
 # The tests marked own_backend start servers with a backend of their own (Redis clusters,
 # memory servers in network namespaces) and ran in `make test` already: not run twice.
+# Of the browser tier only the session page's own module runs again (the page over the
+# Redis backend: stream, resume, reconnect): the rest tests the page's own logic, which the
+# backend does not reach, and ran in `make test`; the backend's contract under Redis is
+# what tests/integration and tests/e2e check. (It keeps `.ci/run` near 30 minutes.)
+REDIS_BROWSER_TESTS := tests/browser/test_session_page.py
+
 test-redis: $(STAMP)
 	$(PY) -m tests.support.backend check
 	prefix=qwtest-$$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n'); \
 	QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
-		tests/unit tests/integration tests/e2e tests/browser -p no:cacheprovider \
+		tests/unit tests/integration tests/e2e $(REDIS_BROWSER_TESTS) -p no:cacheprovider \
 		-m "not own_backend"; \
 	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
 
