@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from tests.support.redis_server import REDIS_SERVER
-from tests.support.server import free_port, stop_process
+from tests.support.server import dies_with_this_process, free_port, stop_process
 
 SERVICE = "qwtest-primary"
 #: Bounded waits: Sentinel's failover takes down-after (1 s) plus an election, slower on a
@@ -55,7 +55,9 @@ class RedisProcess:
         """Start it; return once it answers PING. Raises RuntimeError after ``timeout_s``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with (self.directory / "server.log").open("ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_this_process()
+            )
         deadline = time.monotonic() + timeout_s
         while not self.answers():
             if self.process.poll() is not None or time.monotonic() > deadline:

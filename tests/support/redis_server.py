@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.server import stop_process
+from tests.support.server import dies_with_this_process, stop_process
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -44,7 +44,9 @@ class PrivateRedis:
             "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always",
         ]  # fmt: skip
         with (self.directory / "redis.log").open("ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_this_process()
+            )
         deadline = time.monotonic() + timeout_s
         while not self._answers_ping():
             if self.process.poll() is not None or time.monotonic() > deadline:

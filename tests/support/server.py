@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -16,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +29,7 @@ from typing import Any
 import h11
 
 from sessions.auth import issue_token
+from sessions.ops.parent_death import die_with_parent
 from sessions.wire import ServerSentEvent, SSEParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +102,12 @@ class ServerProcess:
         come up is stopped before the error propagates, so no test leaves one running."""
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                list(self.argv), cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                list(self.argv),
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=dies_with_this_process(),
             )
         try:
             self._wait_ready(timeout_s)
@@ -236,6 +244,18 @@ def stop_all(servers: Sequence[ServerProcess], timeout_s: float = 10.0) -> None:
             assert server.process is not None
             stop_process(server.process, max(0.1, deadline - time.monotonic()))
             _kill_all(trees[id(server)][1:])
+
+
+def dies_with_this_process() -> Callable[[], object] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this test process dies
+    (``PR_SET_PDEATHSIG``), so a killed or crashed pytest leaves no server, Redis or
+    Sentinel behind (granian's workers follow their main process by themselves). None off
+    the main thread: the signal follows the thread that started the child, and a helper
+    thread's end is no reason to kill a server."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+    return functools.partial(die_with_parent, parent, signal.SIGKILL)
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
