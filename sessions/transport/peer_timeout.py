@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ from typing import Final
 __all__ = [
     "GRANIAN_HTTP2_KEEPALIVE_OPTIONS",
     "PeerTimeouts",
+    "acknowledges_everything",
     "configure_socket",
+    "connection_socket",
     "granian_http2_keepalive_args",
     "socket_options",
 ]
@@ -142,6 +145,52 @@ def _tcp_sockets() -> Iterator[_Found]:
             sock.close()
             continue
         yield _Found(int(name), sock, listening, (str(local[0]), int(local[1])))
+
+
+def _plain_ip(host: str) -> str:
+    """``::ffff:1.2.3.4`` (an IPv4 peer on a dual-stack socket) as ``1.2.3.4``."""
+    return host[7:] if host.lower().startswith("::ffff:") and "." in host else host
+
+
+def connection_socket(peer: tuple[str, int], local_port: int) -> socket.socket | None:
+    """A dup of this process's TCP connection to ``peer`` (host, port) accepted on
+    ``local_port``, or None when there is none (closed, or the address was rewritten by a
+    proxy). The caller closes it; while it is open the connection stays open even if the
+    server closes its own descriptor. Costs one scan of ``/proc/self/fd`` (a few
+    microseconds per descriptor): for rare events, off the event loop.
+    """
+    wanted = (_plain_ip(peer[0]), int(peer[1]))
+    match = None
+    for item in _tcp_sockets():
+        if match is None and not item.listening and item.local[1] == local_port:
+            try:
+                remote = item.sock.getpeername()
+            except OSError:
+                remote = None
+            if remote is not None and (_plain_ip(str(remote[0])), int(remote[1])) == wanted:
+                match = item.sock
+                continue
+        item.sock.close()
+    return match
+
+
+_TCP_INFO_UNACKED: Final = struct.Struct("=I")
+_TCP_INFO_UNACKED_OFFSET: Final = 24
+"""``tcpi_unacked`` in Linux's ``struct tcp_info`` (after 8 one-byte fields and 4 ``u32``)."""
+
+
+def acknowledges_everything(sock: socket.socket) -> bool:
+    """Whether the peer has acknowledged every byte sent on ``sock`` (``tcpi_unacked`` 0).
+
+    True for a reader that is alive but reads nothing (its closed receive window holds the
+    data back; its kernel answers the window probes); False while sent data waits for an
+    acknowledgement (a peer gone, or bytes in flight). Raises ``OSError``.
+    """
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    if len(info) < _TCP_INFO_UNACKED_OFFSET + 4:
+        return False
+    (unacked,) = _TCP_INFO_UNACKED.unpack_from(info, _TCP_INFO_UNACKED_OFFSET)
+    return bool(unacked == 0)
 
 
 class PeerTimeouts:

@@ -1,0 +1,196 @@
+"""A frozen reader's connection, kept for the linger after its eviction (B21, issue 26).
+
+The problem
+    The kernel's ``TCP_USER_TIMEOUT`` (U, :mod:`sessions.transport.peer_timeout`) also
+    ends a connection whose peer keeps its receive window closed for U: Linux counts the
+    window probes a live but frozen reader answers as unacknowledged time. So a reader
+    stopped for longer than U (32 s with the defaults) lost its last frames
+    (``slow_client_warning``, ``client_evicted``) to a reset, whatever the pump's linger.
+
+The rule
+    When the bus has evicted a subscriber while its ``send`` is blocked (the pump's watch
+    tells :meth:`EvictedLinger.evicted`), the stream's own connection is found by its
+    peer address (:func:`~sessions.transport.peer_timeout.connection_socket`, off the
+    event loop) and, if its peer has acknowledged every byte sent (alive, window closed:
+    :func:`~sessions.transport.peer_timeout.acknowledges_everything`), its
+    ``TCP_USER_TIMEOUT`` is raised to ``QwenwebConfig.evicted_peer_timeout_s`` (U + W +
+    linger + 2 s), longer than the pump's linger can last. A peer with bytes unacknowledged
+    (gone) keeps U: vanished peers are still dropped within U. When the linger runs out
+    (:meth:`EvictedLinger.expired`) an HTTP/1.x connection is set to reset on close
+    (``SO_LINGER`` 0): the server's close then frees the kernel's send buffer at once
+    instead of leaving an orphan socket. A stream that ends otherwise gets U back
+    (:meth:`EvictedLinger.close`), since HTTP/1.1 may reuse the connection.
+
+Limits
+    Linux only (like U). Behind a proxy the scope's client address is not the socket's
+    peer: nothing is found, nothing changes (the proxy's buffers face the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import sys
+import threading
+from typing import Any, Final
+
+from sessions.bus import Subscription
+from sessions.conf import QwenwebConfig
+from sessions.transport.peer_timeout import acknowledges_everything, connection_socket
+
+__all__ = ["EvictedLinger", "Linger"]
+
+logger = logging.getLogger("qwenweb.stream")
+
+_RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
+
+
+def _user_timeout_ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class Linger:
+    """What a stream calls around its pump; this base does nothing (the kernel timeout is
+    off, not Linux, or no client address): see :class:`EvictedLinger`."""
+
+    raised = False
+    """Whether the connection's timeout was raised (for tests and the log)."""
+
+    @staticmethod
+    def attach(scope: Any, subscription: Subscription, config: QwenwebConfig) -> Linger:
+        """The linger of the stream of ``scope``, told by ``subscription`` when the bus
+        evicts it (``Subscription.on_evicted``); a :class:`Linger` that does nothing where it
+        cannot apply."""
+        user_timeout_s, evicted_timeout_s = config.peer_timeout_s, config.evicted_peer_timeout_s
+        client, server = scope.get("client"), scope.get("server")
+        if not (user_timeout_s and evicted_timeout_s and client and server):
+            return _OFF
+        if not sys.platform.startswith("linux"):
+            return _OFF
+        try:
+            peer, local_port = (str(client[0]), int(client[1])), int(server[1])
+        except (TypeError, ValueError, IndexError):
+            return _OFF
+        http1 = str(scope.get("http_version", "1.1")) in ("1", "1.0", "1.1")
+        linger = EvictedLinger(peer, local_port, user_timeout_s, evicted_timeout_s, http1=http1)
+        subscription.on_evicted = linger.evicted
+        return linger
+
+    def evicted(self) -> None:
+        """The bus evicted the subscriber."""
+
+    def expired(self) -> None:
+        """The pump's linger ran out (a no-op unless :meth:`evicted` raised the timeout)."""
+
+    def close(self) -> None:
+        """The stream ends."""
+
+
+_OFF: Final = Linger()
+
+
+class EvictedLinger(Linger):
+    """One stream's connection during the linger after its eviction (see the module).
+
+    Args:
+        peer: the client's ``(host, port)`` (the ASGI scope's ``client``).
+        local_port: the port the connection was accepted on (the scope's ``server``).
+        user_timeout_s: U, the connection's ``TCP_USER_TIMEOUT`` now (seconds).
+        evicted_timeout_s: the value it gets while the evicted reader lingers (seconds).
+        http1: whether the connection carries one stream (HTTP/1.x): only then is it reset
+            when the linger runs out (an HTTP/2 connection carries the client's others).
+    """
+
+    def __init__(
+        self,
+        peer: tuple[str, int],
+        local_port: int,
+        user_timeout_s: float,
+        evicted_timeout_s: float,
+        *,
+        http1: bool,
+    ) -> None:
+        self._peer = peer
+        self._local_port = local_port
+        self._user_timeout_s = user_timeout_s
+        self._evicted_timeout_s = evicted_timeout_s
+        self._http1 = http1
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Future[None] | None = None
+        self._closed = False
+        self._reset = False
+
+    def evicted(self) -> None:
+        """The bus evicted the subscriber while its ``send`` waits: raise the connection's
+        timeout, off the event loop (once; later calls do nothing). Never raises."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.ensure_future(asyncio.to_thread(self._raise_timeout))
+
+    def _raise_timeout(self) -> None:  # in a worker thread
+        if self._closed:
+            return  # the stream ended meanwhile (an eviction on its way out)
+        sock = connection_socket(self._peer, self._local_port)
+        if sock is None:
+            logger.info("evicted_linger connection_not_found peer=%s:%d", *self._peer)
+            return
+        try:
+            if not acknowledges_everything(sock):
+                logger.info("evicted_linger peer_unacknowledged peer=%s:%d", *self._peer)
+                sock.close()
+                return
+            sock.setsockopt(
+                socket.IPPROTO_TCP,
+                socket.TCP_USER_TIMEOUT,
+                _user_timeout_ms(self._evicted_timeout_s),
+            )
+        except OSError as exc:
+            logger.info("evicted_linger failed peer=%s:%d error=%s", *self._peer, exc)
+            sock.close()
+            return
+        with self._lock:
+            if not self._closed:
+                self._sock, self.raised = sock, True
+                logger.info(
+                    "evicted_linger peer=%s:%d user_timeout_s=%g",
+                    *self._peer,
+                    self._evicted_timeout_s,
+                )
+                return
+        self._restore(sock)  # the stream ended meanwhile
+
+    def expired(self) -> None:
+        """The linger ran out: an HTTP/1.x connection is reset when the server closes it
+        (its buffered bytes are dropped at once). Never raises."""
+        with self._lock:
+            if self._sock is None or not self._http1:
+                return
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+                self._reset = True
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """The stream ends: give the connection U back (unless it is to be reset) and let
+        go of it. Never raises."""
+        with self._lock:
+            self._closed = True
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            if self._reset:
+                sock.close()
+            else:
+                self._restore(sock)
+
+    def _restore(self, sock: socket.socket) -> None:
+        try:
+            sock.setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _user_timeout_ms(self._user_timeout_s)
+            )
+        except OSError:
+            pass  # the connection is gone
+        finally:
+            sock.close()
