@@ -34,6 +34,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from typing import Any, Final
 
 from sessions.bus import Subscription
@@ -44,6 +45,8 @@ __all__ = ["EvictedLinger", "Linger"]
 
 logger = logging.getLogger("qwenweb.stream")
 
+_ACK_CHECKS: Final = 5
+_ACK_CHECK_INTERVAL_S: Final = 0.2
 _RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
 
 
@@ -137,7 +140,7 @@ class EvictedLinger(Linger):
             logger.info("evicted_linger connection_not_found peer=%s:%d", *self._peer)
             return
         try:
-            if not acknowledges_everything(sock):
+            if not self._acknowledged(sock):
                 logger.info("evicted_linger peer_unacknowledged peer=%s:%d", *self._peer)
                 sock.close()
                 return
@@ -160,6 +163,16 @@ class EvictedLinger(Linger):
                 )
                 return
         self._restore(sock)  # the stream ended meanwhile
+
+    @staticmethod
+    def _acknowledged(sock: socket.socket) -> bool:
+        # Bytes sent just before may still be in flight: a live peer acknowledges them
+        # within a round trip, a vanished one never (a second at most, in this thread).
+        for _ in range(_ACK_CHECKS):
+            if acknowledges_everything(sock):
+                return True
+            time.sleep(_ACK_CHECK_INTERVAL_S)
+        return False
 
     def expired(self) -> None:
         """The linger ran out: an HTTP/1.x connection is reset when the server closes it
