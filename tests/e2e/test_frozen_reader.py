@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -93,6 +94,14 @@ def _publish_until_evicted(server: ServerProcess, session: RemoteSession) -> int
     return published
 
 
+def _kernel_view(port: int, reader_port: int) -> str:
+    """``ss`` of the server's end of the reader's connection: Send-Q, skmem, timers."""
+    return " ".join(subprocess.run(
+        ["ss", "-tnmiH", "state", "established", f"( sport = :{port} and dport = :{reader_port} )"],
+        capture_output=True, text=True, timeout=10, check=False,
+    ).stdout.split())  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def granian(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
@@ -131,6 +140,7 @@ def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
     time.sleep(max(0.0, frozen_at + FREEZE_S - time.monotonic()))  # the freeze under test
     # ... then the reader wakes and reads to the end.
     woken_after = time.monotonic() - frozen_at
+    held = _kernel_view(granian.port, reader.getsockname()[1])  # what the linger holds
     reader.settimeout(10)
     reset = False
     try:
@@ -163,6 +173,7 @@ def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
     print(f"published={published} evicted after {evicted_after:.1f} s, woken after "
           f"{woken_after:.1f} s: read={len(received)} B "
           f"events={len(events)} reset={reset} clean_end={ended} last={types[-1:]}")  # fmt: skip
+    print(f"the server's side of it just before the reader woke (ss -tmi): {held}")
     assert not reset
     assert ended  # the body's last chunk: a clean end, nothing cut
     assert body.endswith(b"\n\n")  # no partial event
