@@ -94,38 +94,39 @@ def _publish_until_evicted(server: ServerProcess, session: RemoteSession) -> int
     return published
 
 
-def _kernel_view(port: int, reader_port: int) -> str:
+def _kernel_view(port: int, reader_port: int, state: str = "established") -> str:
     """``ss`` of the server's end of the reader's connection: Send-Q, skmem, timers."""
     return " ".join(subprocess.run(
-        ["ss", "-tnmiH", "state", "established", f"( sport = :{port} and dport = :{reader_port} )"],
+        ["ss", "-tnmiH", "state", state, f"( sport = :{port} and dport = :{reader_port} )"],
         capture_output=True, text=True, timeout=10, check=False,
     ).stdout.split())  # fmt: skip
+
+
+def _start(database: Path, logs: Path, **env: str) -> ServerProcess:
+    port = free_port()
+    environment = server_env(database)
+    for name in _TUNING:
+        environment.pop(name, None)
+    environment.update(env)
+    return ServerProcess(serve_argv(port), port, environment, logs / "granian.log").start()
 
 
 @pytest.fixture(scope="module")
 def granian(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    port = free_port()
-    env = server_env(e2e_database)
-    for name in _TUNING:
-        env.pop(name, None)
-    server = ServerProcess(
-        serve_argv(port), port, env, tmp_path_factory.mktemp("logs") / "granian.log"
-    ).start()
+    server = _start(e2e_database, tmp_path_factory.mktemp("logs"))  # the DEFAULT settings
     yield server
     server.stop()
 
 
-@pytest.mark.timeout(FREEZE_S + 120)
-def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
-    granian: ServerProcess,
-) -> None:
-    assert FREEZE_S > DEFAULT_USER_TIMEOUT_S + 5  # (or the test proves nothing)
-    session = RemoteSession.create(granian.base_url)
+def _frozen_reader(server: ServerProcess) -> tuple[socket.socket, bytearray, float, int]:
+    """A reader that reads the headers and then nothing while 4 KiB events arrive at 100/s
+    until the server evicts it: ``(its socket, what it read, when it froze, published)``."""
+    session = RemoteSession.create(server.base_url)
     reader = socket.socket()
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)  # (before connect)
-    reader.connect(("127.0.0.1", granian.port))
+    reader.connect(("127.0.0.1", server.port))
     reader.sendall(
         f"GET {session.events_path}?maxQueued=16 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Accept: text/event-stream\r\nAuthorization: Bearer {session.read_token}\r\n\r\n".encode()
@@ -133,27 +134,28 @@ def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
     received = bytearray(reader.recv(4096))  # the headers; then the reader freezes
     frozen_at = time.monotonic()
     assert received.startswith(b"HTTP/1.1 200")
-    published = _publish_until_evicted(granian, session)
-    evicted_after = time.monotonic() - frozen_at
-    # Frozen on past the kernel's TCP_USER_TIMEOUT_S (which used to reset the connection
-    # whose window stayed closed that long), within the linger ...
-    time.sleep(max(0.0, frozen_at + FREEZE_S - time.monotonic()))  # the freeze under test
-    # ... then the reader wakes and reads to the end.
-    woken_after = time.monotonic() - frozen_at
-    held = _kernel_view(granian.port, reader.getsockname()[1])  # what the linger holds
+    return reader, received, frozen_at, _publish_until_evicted(server, session)
+
+
+def _wake(reader: socket.socket, received: bytearray) -> bool:
+    """Read to the end; return whether the connection was reset."""
     reader.settimeout(10)
-    reset = False
     try:
         while chunk := reader.recv(65536):
             received += chunk
     except ConnectionResetError:
-        reset = True
+        return True
     finally:
         reader.close()
+    return False
+
+
+def _body(received: bytes) -> tuple[bytes, bool]:
+    """The chunked body in ``received`` and whether it ended cleanly (its last chunk)."""
     connection = h11.Connection(h11.CLIENT)
     connection.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
     connection.send(h11.EndOfMessage())
-    connection.receive_data(bytes(received))
+    connection.receive_data(received)
     connection.receive_data(b"")
     body, ended = bytearray(), False
     for _ in range(len(received)):  # (bounded: h11 yields at most one item per byte)
@@ -167,8 +169,26 @@ def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
             ended = True
         if not isinstance(message, h11.Data | h11.Response):
             break
+    return bytes(body), ended
+
+
+@pytest.mark.timeout(FREEZE_S + 120)
+def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
+    granian: ServerProcess,
+) -> None:
+    assert FREEZE_S > DEFAULT_USER_TIMEOUT_S + 5  # (or the test proves nothing)
+    reader, received, frozen_at, published = _frozen_reader(granian)
+    evicted_after = time.monotonic() - frozen_at
+    # Frozen on past the kernel's TCP_USER_TIMEOUT_S (which used to reset the connection
+    # whose window stayed closed that long), within the linger ...
+    time.sleep(max(0.0, frozen_at + FREEZE_S - time.monotonic()))  # the freeze under test
+    # ... then the reader wakes and reads to the end.
+    woken_after = time.monotonic() - frozen_at
+    held = _kernel_view(granian.port, reader.getsockname()[1])  # what the linger holds
+    reset = _wake(reader, received)
+    body, ended = _body(bytes(received))
     events: list[ServerSentEvent] = []
-    SSEParser(events.append).feed_bytes(bytes(body))
+    SSEParser(events.append).feed_bytes(body)
     types = [json.loads(item.data)["type"] for item in events]
     print(f"published={published} evicted after {evicted_after:.1f} s, woken after "
           f"{woken_after:.1f} s: read={len(received)} B "
@@ -180,3 +200,37 @@ def test_a_reader_frozen_while_evicted_reads_its_last_frames_and_a_clean_end(
     assert "slow_client_warning" in types
     assert types[-1] == "client_evicted"
     assert "evicted_linger peer=" in granian.log()  # the kernel's timeout was raised
+
+
+@pytest.mark.timeout(120)
+def test_past_the_linger_the_connection_is_reset_and_let_go(
+    e2e_database: Path, tmp_path: Path
+) -> None:
+    # Only past WRITER_IDLE_TIMEOUT_S + EVICTED_LINGER_S (here 2 + 2 s) is the connection
+    # reset, and then at once: no orphan socket keeps the bytes the reader never took.
+    server = _start(
+        e2e_database,
+        tmp_path,
+        QWENWEB_WRITER_IDLE_TIMEOUT_S="2",
+        QWENWEB_EVICTED_LINGER_S="2",
+        QWENWEB_TCP_USER_TIMEOUT_S="30",  # the eviction comes well within it (~10 s)
+    )
+    try:
+        reader, received, _frozen_at, _published = _frozen_reader(server)
+        reader_port = reader.getsockname()[1]
+        deadline = time.monotonic() + 60
+        while "detail=writer_idle_timeout" not in server.log():  # the linger ran out
+            assert time.monotonic() < deadline, "the evicted stream never ended"
+            time.sleep(0.2)  # polling interval of the bounded wait
+        deadline = time.monotonic() + 10
+        while _kernel_view(server.port, reader_port, "all"):  # no socket left, not even an orphan
+            assert time.monotonic() < deadline, _kernel_view(server.port, reader_port, "all")
+            time.sleep(0.2)  # polling interval of the bounded wait
+        reset = _wake(reader, received)
+        _body_read, ended = _body(bytes(received))
+        print(f"past the linger: read={len(received)} B reset={reset} clean_end={ended}")
+        assert reset
+        assert not ended
+        assert "evicted_linger peer=" in server.log()
+    finally:
+        server.stop()
