@@ -8,10 +8,11 @@ The problem
     (``slow_client_warning``, ``client_evicted``) to a reset, whatever the pump's linger.
 
 The rule
-    When the bus has evicted a subscriber while its ``send`` is blocked (the pump's watch
-    tells :meth:`EvictedLinger.evicted`), the stream's own connection is found by its
-    peer address (:func:`~sessions.transport.peer_timeout.connection_socket`, off the
-    event loop) and, if its peer has acknowledged every byte sent (alive, window closed:
+    When the bus has evicted a subscriber (``Subscription.on_evicted`` calls
+    :meth:`EvictedLinger.evicted`), the stream's own connection is found by its peer
+    address (:func:`~sessions.transport.peer_timeout.connection_sockets`, off the event
+    loop, in batches: one scan at most every second, whatever the number of evictions)
+    and, if its peer has acknowledged every byte sent (alive, window closed:
     :func:`~sessions.transport.peer_timeout.acknowledges_everything`), its
     ``TCP_USER_TIMEOUT`` is raised to ``QwenwebConfig.evicted_peer_timeout_s`` (U + W +
     linger + 2 s), longer than the pump's linger can last. A peer with bytes unacknowledged
@@ -43,12 +44,17 @@ from typing import Any, Final
 
 from sessions.bus import Subscription
 from sessions.conf import QwenwebConfig
-from sessions.transport.peer_timeout import acknowledges_everything, connection_socket
+from sessions.transport.peer_timeout import (
+    ConnectionKey,
+    acknowledges_everything,
+    connection_sockets,
+)
 
 __all__ = ["EvictedLinger", "Linger"]
 
 logger = logging.getLogger("qwenweb.stream")
 
+_SCAN_INTERVAL_S: Final = 1.0
 _ACK_CHECKS: Final = 5
 _ACK_CHECK_INTERVAL_S: Final = 0.2
 # ``struct sockaddr`` with family AF_UNSPEC: connect(2) with it disconnects a TCP socket
@@ -137,28 +143,28 @@ class EvictedLinger(Linger):
         self._http1 = http1
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._task: asyncio.Future[None] | None = None
+        self.settled: asyncio.Future[None] | None = None
+        """Done once the batch that looked for the connection has run (for tests)."""
         self._closed = False
         self._reset = False
 
     def evicted(self) -> None:
         """The bus evicted the subscriber while its ``send`` waits: raise the connection's
-        timeout, off the event loop (once; later calls do nothing). Never raises."""
-        if self._task is None and not self._closed:
-            self._task = asyncio.ensure_future(asyncio.to_thread(self._raise_timeout))
+        timeout, off the event loop, in the next batch (once; later calls do nothing).
+        Never raises."""
+        if self.settled is None and not self._closed:
+            self.settled = asyncio.get_running_loop().create_future()
+            _FINDER.request(self)
 
-    def _raise_timeout(self) -> None:  # in a worker thread
-        if self._closed:
-            return  # the stream ended meanwhile (an eviction on its way out)
-        sock = connection_socket(self._peer, self._local_port)
+    def _adopt(self, sock: socket.socket | None, acknowledged: bool) -> None:  # in a thread
         if sock is None:
             logger.info("evicted_linger connection_not_found peer=%s:%d", *self._peer)
             return
+        if not acknowledged:
+            logger.info("evicted_linger peer_unacknowledged peer=%s:%d", *self._peer)
+            sock.close()
+            return
         try:
-            if not self._acknowledged(sock):
-                logger.info("evicted_linger peer_unacknowledged peer=%s:%d", *self._peer)
-                sock.close()
-                return
             sock.setsockopt(
                 socket.IPPROTO_TCP,
                 socket.TCP_USER_TIMEOUT,
@@ -178,16 +184,6 @@ class EvictedLinger(Linger):
                 )
                 return
         self._restore(sock)  # the stream ended meanwhile
-
-    @staticmethod
-    def _acknowledged(sock: socket.socket) -> bool:
-        # Bytes sent just before may still be in flight: a live peer acknowledges them
-        # within a round trip, a vanished one never (a second at most, in this thread).
-        for _ in range(_ACK_CHECKS):
-            if acknowledges_everything(sock):
-                return True
-            time.sleep(_ACK_CHECK_INTERVAL_S)
-        return False
 
     def expired(self) -> None:
         """The linger ran out: an HTTP/1.x connection is reset now (its buffered bytes are
@@ -223,3 +219,69 @@ class EvictedLinger(Linger):
             pass  # the connection is gone
         finally:
             sock.close()
+
+
+class _Finder:
+    """Looks connections up for every :class:`EvictedLinger` waiting, in batches: one pass
+    over the process's descriptors per batch, at most one batch a second, whatever the
+    number of evictions (a burst that evicts a thousand readers costs one scan)."""
+
+    def __init__(self) -> None:
+        self._pending: list[EvictedLinger] = []
+        self._task: asyncio.Future[None] | None = None
+        self._last = -_SCAN_INTERVAL_S
+
+    def request(self, linger: EvictedLinger) -> None:
+        task, loop = self._task, asyncio.get_running_loop()
+        if task is not None and task.get_loop() is not loop:  # (a new loop: tests)
+            self._pending, task = [], None
+        self._pending.append(linger)
+        if task is None or task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await asyncio.sleep(max(0.0, self._last + _SCAN_INTERVAL_S - loop.time()))
+            batch, self._pending = self._pending, []
+            self._last = loop.time()
+            try:
+                await asyncio.to_thread(_look_up, batch)
+            except Exception:  # never let one batch stop the next
+                logger.exception("evicted_linger lookup failed")
+            finally:
+                for linger in batch:
+                    if linger.settled is not None and not linger.settled.done():
+                        linger.settled.set_result(None)
+
+
+def _look_up(batch: list[EvictedLinger]) -> None:  # in a worker thread
+    batch = [linger for linger in batch if not linger._closed]
+    keys: dict[EvictedLinger, ConnectionKey] = {
+        linger: (linger._local_port, linger._peer) for linger in batch
+    }
+    found = connection_sockets(set(keys.values())) if keys else {}
+    socks = {linger: found.get(key) for linger, key in keys.items()}
+    # Bytes sent just before may still be in flight: a live peer acknowledges them within a
+    # round trip, a vanished one never (a second at most, for the whole batch).
+    waiting = {linger for linger, sock in socks.items() if sock is not None}
+    for attempt in range(_ACK_CHECKS):
+        for linger in list(waiting):
+            sock = socks[linger]
+            assert sock is not None
+            try:
+                acknowledged = acknowledges_everything(sock)
+            except OSError:
+                acknowledged = False
+            if acknowledged:
+                waiting.discard(linger)
+                linger._adopt(sock, True)
+        if not waiting or attempt == _ACK_CHECKS - 1:
+            break
+        time.sleep(_ACK_CHECK_INTERVAL_S)
+    for linger, sock in socks.items():
+        if sock is None or linger in waiting:
+            linger._adopt(sock, False)
+
+
+_FINDER: Final = _Finder()

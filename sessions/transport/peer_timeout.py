@@ -47,10 +47,12 @@ from typing import Final
 
 __all__ = [
     "GRANIAN_HTTP2_KEEPALIVE_OPTIONS",
+    "ConnectionKey",
     "PeerTimeouts",
     "acknowledges_everything",
     "configure_socket",
     "connection_socket",
+    "connection_sockets",
     "granian_http2_keepalive_args",
     "socket_options",
 ]
@@ -152,26 +154,83 @@ def _plain_ip(host: str) -> str:
     return host[7:] if host.lower().startswith("::ffff:") and "." in host else host
 
 
-def connection_socket(peer: tuple[str, int], local_port: int) -> socket.socket | None:
-    """A dup of this process's TCP connection to ``peer`` (host, port) accepted on
-    ``local_port``, or None when there is none (closed, or the address was rewritten by a
-    proxy). The caller closes it; while it is open the connection stays open even if the
-    server closes its own descriptor. Costs one scan of ``/proc/self/fd`` (a few
-    microseconds per descriptor): for rare events, off the event loop.
-    """
-    wanted = (_plain_ip(peer[0]), int(peer[1]))
-    match = None
-    for item in _tcp_sockets():
-        if match is None and not item.listening and item.local[1] == local_port:
-            try:
-                remote = item.sock.getpeername()
-            except OSError:
-                remote = None
-            if remote is not None and (_plain_ip(str(remote[0])), int(remote[1])) == wanted:
-                match = item.sock
+_PROC_NET_TCP: Final = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+
+#: A connection's key: (local port, (peer host, peer port)).
+ConnectionKey = tuple[int, tuple[str, int]]
+
+
+def _hex_ip(text: str) -> str:
+    """An address of ``/proc/net/tcp{,6}`` (32-bit words in host order, in hex) as text."""
+    words = b"".join(struct.pack("=I", int(text[i : i + 8], 16)) for i in range(0, len(text), 8))
+    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+    return _plain_ip(socket.inet_ntop(family, words))
+
+
+def _inodes(wanted: set[ConnectionKey]) -> dict[int, ConnectionKey]:
+    """Socket inode -> key, for the wanted connections found in ``/proc/self/net/tcp{,6}``."""
+    ports = {(local, peer[1]) for local, peer in wanted}
+    found: dict[int, ConnectionKey] = {}
+    for path in _PROC_NET_TCP:
+        try:
+            with open(path, encoding="ascii") as table:
+                lines = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
                 continue
-        item.sock.close()
-    return match
+            local, remote = fields[1].rpartition(":"), fields[2].rpartition(":")
+            pair = (int(local[2], 16), int(remote[2], 16))
+            if pair not in ports or fields[9] == "0":
+                continue
+            key = (pair[0], (_hex_ip(remote[0]), pair[1]))
+            if key in wanted:
+                found[int(fields[9])] = key
+    return found
+
+
+def connection_sockets(wanted: set[ConnectionKey]) -> dict[ConnectionKey, socket.socket]:
+    """Dups of this process's TCP connections named by ``(local port, (peer host, peer
+    port))``; a connection not found (closed, or an address rewritten by a proxy) is left
+    out. The caller closes them; while one is open its connection stays open even if the
+    server closes its own descriptor. One pass over ``/proc/self/net/tcp{,6}`` and one
+    ``readlink`` per descriptor of the process, whatever the number wanted: for rare events,
+    batched, off the event loop.
+    """
+    wanted = {(local, (_plain_ip(peer[0]), int(peer[1]))) for local, peer in wanted}
+    inodes = _inodes(wanted)
+    found: dict[ConnectionKey, socket.socket] = {}
+    try:
+        names = os.listdir(_FD_DIR) if inodes else []
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            link = os.readlink(f"{_FD_DIR}/{name}")
+            inode = int(link[8:-1]) if link.startswith("socket:[") else 0
+            key = inodes.get(inode)
+            if key is None or key in found:
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue  # closed meanwhile, or not ours to read
+        try:
+            same = os.fstat(sock.fileno()).st_ino == inode  # (not a descriptor reused since)
+        except OSError:
+            same = False
+        if same:
+            found[key] = sock
+        else:
+            sock.close()
+    return found
+
+
+def connection_socket(peer: tuple[str, int], local_port: int) -> socket.socket | None:
+    """One connection of :func:`connection_sockets`, or None."""
+    key = (local_port, (_plain_ip(peer[0]), int(peer[1])))
+    return connection_sockets({key}).get(key)
 
 
 _TCP_INFO_UNACKED: Final = struct.Struct("=I")

@@ -92,9 +92,9 @@ def _user_timeout_ms(sock: socket.socket) -> int:
 
 async def _evicted(linger: EvictedLinger) -> None:
     linger.evicted()
-    assert linger._task is not None
+    assert linger.settled is not None
     async with asyncio.timeout(10):
-        await linger._task
+        await linger.settled
 
 
 def test_without_the_linger_the_kernel_ends_a_frozen_reader_after_u(pair: Pair) -> None:
@@ -120,6 +120,25 @@ async def test_the_raised_timeout_keeps_a_frozen_reader_past_u(pair: Pair) -> No
     assert pair.read_all() == pair.sent  # every byte, no reset
     linger.close()
     assert _user_timeout_ms(pair.server) == U_S * 1000  # U back for the connection's reuse
+
+
+@pytest.mark.asyncio
+async def test_readers_evicted_together_are_found_in_one_batch(pair: Pair) -> None:
+    other = Pair()
+    try:
+        pair.fill()
+        other.fill()
+        lingers = [pair.linger(), other.linger()]
+        for linger in lingers:
+            linger.evicted()
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(linger.settled for linger in lingers if linger.settled))
+        assert [linger.raised for linger in lingers] == [True, True]
+        assert _user_timeout_ms(other.server) == RAISED_S * 1000
+        for linger in lingers:
+            linger.close()
+    finally:
+        other.close()
 
 
 @pytest.mark.asyncio
@@ -155,7 +174,7 @@ async def test_a_stream_that_ended_before_the_lookup_leaves_the_connection_alone
     linger = pair.linger()
     linger.close()
     linger.evicted()  # (an eviction on the stream's way out)
-    assert linger._task is None
+    assert linger.settled is None
     assert _user_timeout_ms(pair.server) == U_S * 1000
 
 
