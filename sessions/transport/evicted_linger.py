@@ -54,6 +54,7 @@ __all__ = ["EvictedLinger", "Linger"]
 
 logger = logging.getLogger("qwenweb.stream")
 
+_LOCK: Final = threading.Lock()  # the lingers' state, between the loop and the lookup thread
 _SCAN_INTERVAL_S: Final = 1.0
 _ACK_CHECKS: Final = 5
 _ACK_CHECK_INTERVAL_S: Final = 0.2
@@ -79,8 +80,12 @@ class Linger:
     """What a stream calls around its pump; this base does nothing (the kernel timeout is
     off, not Linux, or no client address): see :class:`EvictedLinger`."""
 
-    raised = False
-    """Whether the connection's timeout was raised (for tests and the log)."""
+    __slots__ = ()
+
+    @property
+    def raised(self) -> bool:
+        """Whether the connection's timeout was raised (for tests and the log)."""
+        return False
 
     @staticmethod
     def attach(scope: Any, subscription: Subscription, config: QwenwebConfig) -> Linger:
@@ -127,6 +132,19 @@ class EvictedLinger(Linger):
             when the linger runs out (an HTTP/2 connection carries the client's others).
     """
 
+    # One per stream (idle streams' memory counts): slots, and one lock for all of them.
+    __slots__ = (
+        "_closed",
+        "_evicted_timeout_s",
+        "_http1",
+        "_local_port",
+        "_peer",
+        "_reset",
+        "_sock",
+        "_user_timeout_s",
+        "settled",
+    )
+
     def __init__(
         self,
         peer: tuple[str, int],
@@ -141,19 +159,27 @@ class EvictedLinger(Linger):
         self._user_timeout_s = user_timeout_s
         self._evicted_timeout_s = evicted_timeout_s
         self._http1 = http1
-        self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.settled: asyncio.Future[None] | None = None
         """Done once the batch that looked for the connection has run (for tests)."""
         self._closed = False
         self._reset = False
 
+    @property
+    def raised(self) -> bool:
+        """Whether the connection's timeout is raised now (for tests and the log)."""
+        return self._sock is not None
+
     def evicted(self) -> None:
         """The bus evicted the subscriber while its ``send`` waits: raise the connection's
         timeout, off the event loop, in the next batch (once; later calls do nothing).
         Never raises."""
         if self.settled is None and not self._closed:
-            self.settled = asyncio.get_running_loop().create_future()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # evicted outside the event loop: nothing to do here
+                return
+            self.settled = loop.create_future()
             _FINDER.request(self)
 
     def _adopt(self, sock: socket.socket | None, acknowledged: bool) -> None:  # in a thread
@@ -174,9 +200,9 @@ class EvictedLinger(Linger):
             logger.info("evicted_linger failed peer=%s:%d error=%s", *self._peer, exc)
             sock.close()
             return
-        with self._lock:
+        with _LOCK:
             if not self._closed:
-                self._sock, self.raised = sock, True
+                self._sock = sock
                 logger.info(
                     "evicted_linger peer=%s:%d user_timeout_s=%g",
                     *self._peer,
@@ -188,7 +214,7 @@ class EvictedLinger(Linger):
     def expired(self) -> None:
         """The linger ran out: an HTTP/1.x connection is reset now (its buffered bytes are
         dropped at once; the server then finds it closed). Never raises."""
-        with self._lock:
+        with _LOCK:
             if self._sock is None or not self._http1:
                 return
             try:
@@ -201,7 +227,7 @@ class EvictedLinger(Linger):
     def close(self) -> None:
         """The stream ends: give the connection U back (unless it is to be reset) and let
         go of it. Never raises."""
-        with self._lock:
+        with _LOCK:
             self._closed = True
             sock, self._sock = self._sock, None
         if sock is not None:
