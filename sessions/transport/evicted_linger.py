@@ -287,7 +287,8 @@ def _look_up(batch: list[EvictedLinger]) -> None:  # in a worker thread
         linger: (linger._local_port, linger._peer) for linger in batch
     }
     found = connection_sockets(set(keys.values())) if keys else {}
-    socks = {linger: found.get(key) for linger, key in keys.items()}
+    # (one socket per connection: of several HTTP/2 streams evicted together, the first)
+    socks = {linger: found.pop(key, None) for linger, key in keys.items()}
     # Bytes sent just before may still be in flight: a live peer acknowledges them within a
     # round trip, a vanished one never (a second at most, for the whole batch).
     waiting = {linger for linger, sock in socks.items() if sock is not None}
