@@ -67,6 +67,7 @@ ENV_OVERRIDES: Final = {
     "HEARTBEAT_INTERVAL_S": "QWENWEB_HEARTBEAT_INTERVAL_S",
     "WRITER_IDLE_TIMEOUT_S": "QWENWEB_WRITER_IDLE_TIMEOUT_S",
     "TCP_USER_TIMEOUT_S": "QWENWEB_TCP_USER_TIMEOUT_S",
+    "EVICTED_LINGER_S": "QWENWEB_EVICTED_LINGER_S",
     "TOKEN_LIFETIME_S": "QWENWEB_TOKEN_LIFETIME_S",
     "PUBLISH_MAX_BODY_BYTES": "QWENWEB_PUBLISH_MAX_BODY_BYTES",
     "ID_RESERVATION_BLOCK": "QWENWEB_ID_RESERVATION_BLOCK",
@@ -129,6 +130,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "WRITER_IDLE_TIMEOUT_S": 30.0,
     # None: WRITER_IDLE_TIMEOUT_S + TCP_USER_TIMEOUT_GRACE_S; 0: leave the sockets alone.
     "TCP_USER_TIMEOUT_S": None,
+    # A reader frozen while evicted reads its last frames if it wakes within
+    # WRITER_IDLE_TIMEOUT_S + this of its socket filling (docs/protocol.md, B21).
+    "EVICTED_LINGER_S": 90.0,
     "TOKEN_LIFETIME_S": 3600,
     # 2 MiB: an event of 1 MiB of data fits with its envelope (and Django's
     # DATA_UPLOAD_MAX_MEMORY_SIZE, 64 MiB + 1, above the range's top, never cuts first).
@@ -206,6 +210,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "OVERFLOW_GRACE_S": (float, 0, 60),
     "HEARTBEAT_INTERVAL_S": (float, 0.01, 3600),
     "WRITER_IDLE_TIMEOUT_S": (float, 0.01, 3600),
+    "EVICTED_LINGER_S": (float, 0, 3600),
     "TOKEN_LIFETIME_S": (int, 1, 30 * 24 * 3600),
     "PUBLISH_MAX_BODY_BYTES": (int, 64, 64 * 1024 * 1024),
     # At least 1,000: the block must stay ahead of publishing while a renewal is written.
@@ -282,6 +287,9 @@ class QwenwebConfig:
     writer_idle_timeout_s: float
     #: None: derived (:attr:`peer_timeout_s`); 0: off.
     tcp_user_timeout_s: float | None
+    #: How long an evicted subscriber's blocked ``send`` may wait after the writer idle
+    #: bound passed, so that a frozen reader still reads ``client_evicted`` (B21).
+    evicted_linger_s: float
     token_lifetime_s: int
     publish_max_body_bytes: int
     id_reservation_block: int
@@ -381,6 +389,18 @@ class QwenwebConfig:
         if self.tcp_user_timeout_s is None:
             return self.writer_idle_timeout_s + TCP_USER_TIMEOUT_GRACE_S
         return self.tcp_user_timeout_s or None
+
+    @property
+    def evicted_peer_timeout_s(self) -> float | None:
+        """``TCP_USER_TIMEOUT`` in seconds for the connection of a subscriber evicted while
+        its reader acknowledges everything but reads nothing (a closed receive window), None
+        when the option is off: :attr:`peer_timeout_s` + ``WRITER_IDLE_TIMEOUT_S`` +
+        ``EVICTED_LINGER_S`` + 2 s, so that the linger, not the kernel, decides when that
+        connection ends (docs/protocol.md, "A reader frozen while it is evicted")."""
+        peer = self.peer_timeout_s
+        if peer is None:
+            return None
+        return peer + self.writer_idle_timeout_s + self.evicted_linger_s + TCP_USER_TIMEOUT_GRACE_S
 
     @property
     def stream_heartbeat_s(self) -> float:

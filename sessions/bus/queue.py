@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Protocol
@@ -107,6 +107,10 @@ class Subscription:
         end_note: what the code that ended this subscriber from outside noted about why
             (e.g. ``{"reason": "operator_disconnect", "by": "alice"}``), or None; set
             before :meth:`EventBus.disconnect`, read by the owner; the bus never reads it.
+        on_evicted: called once, synchronously, when the bus evicts this subscriber
+            (EB-5), after ``client_evicted`` is queued; None: nothing. It must neither
+            block nor raise (the owner's transport, e.g. to keep a frozen reader's
+            connection for its last frames).
     """
 
     __slots__ = (
@@ -130,6 +134,7 @@ class Subscription:
         "last_event_id",
         "max_queued",
         "max_queued_bytes",
+        "on_evicted",
         "overflow_grace_s",
         "since",
     )
@@ -166,6 +171,7 @@ class Subscription:
         self.details: Mapping[str, Any] | None = None
         self.bytes_sent = 0
         self.end_note: Mapping[str, Any] | None = None
+        self.on_evicted: Callable[[], None] | None = None
 
     # -- consumer side -------------------------------------------------------------
 
@@ -442,6 +448,8 @@ class Subscription:
         )
         self._evicted = True
         self._end("evicted", synthetic_frame("client_evicted", data))
+        if self.on_evicted is not None:
+            self.on_evicted()
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,8 +47,12 @@ from typing import Final
 
 __all__ = [
     "GRANIAN_HTTP2_KEEPALIVE_OPTIONS",
+    "ConnectionKey",
     "PeerTimeouts",
+    "acknowledges_everything",
     "configure_socket",
+    "connection_socket",
+    "connection_sockets",
     "granian_http2_keepalive_args",
     "socket_options",
 ]
@@ -142,6 +147,109 @@ def _tcp_sockets() -> Iterator[_Found]:
             sock.close()
             continue
         yield _Found(int(name), sock, listening, (str(local[0]), int(local[1])))
+
+
+def _plain_ip(host: str) -> str:
+    """``::ffff:1.2.3.4`` (an IPv4 peer on a dual-stack socket) as ``1.2.3.4``."""
+    return host[7:] if host.lower().startswith("::ffff:") and "." in host else host
+
+
+_PROC_NET_TCP: Final = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+
+#: A connection's key: (local port, (peer host, peer port)).
+ConnectionKey = tuple[int, tuple[str, int]]
+
+
+def _hex_ip(text: str) -> str:
+    """An address of ``/proc/net/tcp{,6}`` (32-bit words in host order, in hex) as text."""
+    words = b"".join(struct.pack("=I", int(text[i : i + 8], 16)) for i in range(0, len(text), 8))
+    family = socket.AF_INET if len(words) == 4 else socket.AF_INET6
+    return _plain_ip(socket.inet_ntop(family, words))
+
+
+def _inodes(wanted: set[ConnectionKey]) -> dict[int, ConnectionKey]:
+    """Socket inode -> key, for the wanted connections found in ``/proc/self/net/tcp{,6}``."""
+    ports = {(local, peer[1]) for local, peer in wanted}
+    found: dict[int, ConnectionKey] = {}
+    for path in _PROC_NET_TCP:
+        try:
+            with open(path, encoding="ascii") as table:
+                lines = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            local, remote = fields[1].rpartition(":"), fields[2].rpartition(":")
+            pair = (int(local[2], 16), int(remote[2], 16))
+            if pair not in ports or fields[9] == "0":
+                continue
+            key = (pair[0], (_hex_ip(remote[0]), pair[1]))
+            if key in wanted:
+                found[int(fields[9])] = key
+    return found
+
+
+def connection_sockets(wanted: set[ConnectionKey]) -> dict[ConnectionKey, socket.socket]:
+    """Dups of this process's TCP connections named by ``(local port, (peer host, peer
+    port))``; a connection not found (closed, or an address rewritten by a proxy) is left
+    out. The caller closes them; while one is open its connection stays open even if the
+    server closes its own descriptor. One pass over ``/proc/self/net/tcp{,6}`` and one
+    ``readlink`` per descriptor of the process, whatever the number wanted: for rare events,
+    batched, off the event loop.
+    """
+    wanted = {(local, (_plain_ip(peer[0]), int(peer[1]))) for local, peer in wanted}
+    inodes = _inodes(wanted)
+    found: dict[ConnectionKey, socket.socket] = {}
+    try:
+        names = os.listdir(_FD_DIR) if inodes else []
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            link = os.readlink(f"{_FD_DIR}/{name}")
+            inode = int(link[8:-1]) if link.startswith("socket:[") else 0
+            key = inodes.get(inode)
+            if key is None or key in found:
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue  # closed meanwhile, or not ours to read
+        try:
+            same = os.fstat(sock.fileno()).st_ino == inode  # (not a descriptor reused since)
+        except OSError:
+            same = False
+        if same:
+            found[key] = sock
+        else:
+            sock.close()
+    return found
+
+
+def connection_socket(peer: tuple[str, int], local_port: int) -> socket.socket | None:
+    """One connection of :func:`connection_sockets`, or None."""
+    key = (local_port, (_plain_ip(peer[0]), int(peer[1])))
+    return connection_sockets({key}).get(key)
+
+
+_TCP_INFO_UNACKED: Final = struct.Struct("=I")
+_TCP_INFO_UNACKED_OFFSET: Final = 24
+"""``tcpi_unacked`` in Linux's ``struct tcp_info`` (after 8 one-byte fields and 4 ``u32``)."""
+
+
+def acknowledges_everything(sock: socket.socket) -> bool:
+    """Whether the peer has acknowledged every byte sent on ``sock`` (``tcpi_unacked`` 0).
+
+    True for a reader that is alive but reads nothing (its closed receive window holds the
+    data back; its kernel answers the window probes); False while sent data waits for an
+    acknowledgement (a peer gone, or bytes in flight). Raises ``OSError``.
+    """
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    if len(info) < _TCP_INFO_UNACKED_OFFSET + 4:
+        return False
+    (unacked,) = _TCP_INFO_UNACKED.unpack_from(info, _TCP_INFO_UNACKED_OFFSET)
+    return bool(unacked == 0)
 
 
 class PeerTimeouts:

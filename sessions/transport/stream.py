@@ -77,6 +77,7 @@ from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
 from sessions.models import SubscriberConnection, normalize_session_id
 from sessions.process_state import process_state
 from sessions.transport.compressed import GZIP_HEADERS, CompressedSend, stream_codec
+from sessions.transport.evicted_linger import Linger
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
@@ -262,7 +263,7 @@ class SessionEventsRoute:
             subscription.bytes_sent += len(retry)
             observer.bytes_written(len(retry))
             reason, detail = await self._serve(
-                subscription, receive, body_send or send, live, observer
+                subscription, receive, body_send or send, live, observer, scope
             )
             observer.closed(reason, detail)
         except asyncio.CancelledError:
@@ -328,6 +329,7 @@ class SessionEventsRoute:
         send: Send,
         live: LiveSession,
         observer: ConnectionObserver,
+        scope: Scope,
     ) -> tuple[str, str]:
         """Stream until the client leaves, the subscription ends or the pump fails.
 
@@ -348,6 +350,7 @@ class SessionEventsRoute:
         # stream fewer, which is memory per idle stream.
         watcher = asyncio.ensure_future(watch())
         error: Exception | None = None
+        linger = Linger.attach(scope, subscription, config)  # B21: the kernel waits too
         try:
             await pump_frames(
                 subscription,
@@ -356,8 +359,10 @@ class SessionEventsRoute:
                 observer,
                 writer_idle_timeout_s=config.writer_idle_timeout_s,
                 encoder=self.encoder,
+                evicted_linger_s=config.evicted_linger_s,
             )
         except WriterIdleTimeoutError as idle:
+            linger.expired()  # an evicted reader's linger ran out: reset, not an orphan
             if not disconnected:
                 live.bus.evict(subscription, "writer_idle_timeout", idleS=idle.idle_s)
                 reason, _ = self._ended_by_bus(subscription) or (_STREAM_ERROR, "")
@@ -365,6 +370,7 @@ class SessionEventsRoute:
         except Exception as exc:
             error = exc
         finally:
+            linger.close()
             subscription.abort()
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

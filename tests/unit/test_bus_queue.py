@@ -261,6 +261,19 @@ async def test_evicted_subscriber_drains_queued_frames_then_terminal_frame_then_
             await anext(sub)
 
 
+async def test_on_evicted_is_told_once_after_client_evicted_is_queued():  # EB-5
+    bus = EventBus(3)
+    slow, other = bus.subscribe(max_queued=2), bus.subscribe(max_queued=10)
+    told: list[str] = []
+    slow.on_evicted = lambda: told.append(f"slow evicted={slow.evicted} ended={slow.ended}")
+    other.on_evicted = lambda: told.append("other")
+    publish_n(bus, 5)  # 3 evicts slow; 4 and 5 change nothing for it
+    assert told == ["slow evicted=True ended=True"]
+    bus.close()  # the bus closing is no eviction
+    assert told == ["slow evicted=True ended=True"]
+    assert [label(f) for f in await drain(slow)][-1] == "client_evicted"
+
+
 async def test_evicted_subscriber_is_removed_at_once():  # EB-5
     bus = EventBus(3)
     bus.subscribe(max_queued=2)

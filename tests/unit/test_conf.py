@@ -162,3 +162,32 @@ def test_stream_heartbeat_comes_at_least_every_half_peer_timeout(
     get_config.cache_clear()
     assert get_config().stream_heartbeat_s == expected
     get_config.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, (90.0, 32.0 + 30.0 + 90.0 + 2.0)),  # defaults: U + W + linger + 2 s = 154 s
+        ({"QWENWEB_EVICTED_LINGER_S": "10", "QWENWEB_WRITER_IDLE_TIMEOUT_S": "5"}, (10.0, 24.0)),
+        ({"QWENWEB_TCP_USER_TIMEOUT_S": "0"}, (90.0, None)),  # the kernel's option off
+    ],
+)
+def test_an_evicted_frozen_reader_gets_a_timeout_longer_than_its_linger(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: tuple[float, float | None]
+) -> None:
+    # B21: the kernel must not end the connection before the linger does.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_config.cache_clear()
+    config = get_config()
+    assert (config.evicted_linger_s, config.evicted_peer_timeout_s) == expected
+    get_config.cache_clear()
+
+
+@pytest.mark.parametrize("raw", ["-1", "3601", "long"])
+def test_bad_evicted_linger_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("QWENWEB_EVICTED_LINGER_S", raw)
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match="EVICTED_LINGER_S"):
+        get_config()
+    get_config.cache_clear()
