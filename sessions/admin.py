@@ -269,6 +269,18 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         403). The list's actions (close, disconnect, revoke) still need *change*."""
         return obj is None and super().has_change_permission(request)
 
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """The session page without its Delete link either (a monitoring page; deleting
+        stays the list's action for those allowed to)."""
+        context = {**(extra_context or {}), "show_delete": False}
+        return super().change_view(request, object_id, form_url, context)
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """The session, its live numbers, and the saved counters: all of them when its bus
         is not loaded, else only those the live numbers do not show."""

@@ -162,3 +162,14 @@ def test_stream_heartbeat_comes_at_least_every_half_peer_timeout(
     get_config.cache_clear()
     assert get_config().stream_heartbeat_s == expected
     get_config.cache_clear()
+
+
+def test_dashboard_thresholds_amber_above_red_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_DASHBOARD_LAG_WARN_EVENTS", "500")
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match=r"DASHBOARD_LAG_WARN_EVENTS.*amber"):
+        get_config()
+    monkeypatch.setenv("QWENWEB_DASHBOARD_LAG_ALERT_EVENTS", "500")
+    get_config.cache_clear()
+    assert get_config().dashboard_lag_warn_events == get_config().dashboard_lag_alert_events == 500
+    get_config.cache_clear()
