@@ -101,7 +101,7 @@ TICK_S: Final = 1.0
 """Seconds between two ``stats`` samples (and points of the plots)."""
 HISTORY_S: Final = 3600
 """Seconds of totals kept for the plots (the dashboard's longest time range): one point a
-tick, at most ``HISTORY_S / TICK_S`` points (about 150 bytes each)."""
+tick, at most ``HISTORY_S / TICK_S`` points (about 210 bytes each, 0.75 MiB)."""
 SESSION_HISTORY_S: Final = 120
 """Seconds of each loaded session's history kept for its sparkline."""
 GAP_AFTER_S: Final = 5.0
