@@ -140,6 +140,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times to the second in one format, pages and admin alike (qwenweb/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["qwenweb.formats"]
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

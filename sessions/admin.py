@@ -53,6 +53,7 @@ __all__ = [
     "HadEvictionsFilter",
     "SubscriberConnectionAdmin",
     "SubscriberIncidentAdmin",
+    "format_bytes",
 ]
 
 logger = logging.getLogger("qwenweb.admin")
@@ -98,6 +99,27 @@ def _ring_fill(stats: BusStats) -> str:
 
 def _per_reason(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "0"
+
+
+def format_bytes(count: int | None) -> str:
+    """A byte count for people: ``"812 B"``, ``"62.5 KiB"``, ``"62.54 MiB"``, ``"1.20 GiB"``
+    (powers of 1024, IEC names); ``"—"`` for None."""
+    if count is None:
+        return "—"
+    if count < 1024:
+        return f"{count} B"
+    for unit, power in (("KiB", 1), ("MiB", 2), ("GiB", 3)):
+        value = count / 1024**power
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit == "KiB" else f"{value:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _bytes_cell(count: int | None) -> str:
+    """:func:`format_bytes`, with the exact count in the tooltip."""
+    if count is None:
+        return "—"
+    return format_html('<span title="{} bytes">{}</span>', f"{count:,}", format_bytes(count))
 
 
 def _pretty_json(raw: str) -> str:
@@ -170,11 +192,15 @@ class ConnectionInline(_ReadOnlyInline):
         "client_id",
         "max_queued",
         "frames_sent",
-        "bytes_sent",
+        "sent",
         "end_reason",
         "end_detail",
     )
     readonly_fields = fields
+
+    @admin.display(description="bytes sent", ordering="bytes_sent")
+    def sent(self, obj: SubscriberConnection) -> str:
+        return _bytes_cell(obj.bytes_sent)
 
 
 class IncidentInline(_ReadOnlyInline):
@@ -194,17 +220,20 @@ class IncidentInline(_ReadOnlyInline):
 # -- sessions -----------------------------------------------------------------------------
 
 
-#: The counters the server saves on the session's row (shown when its bus is not loaded).
+#: The counters the server saves on the session's row; shown under "Saved counters" when
+#: its bus is not loaded. When it is, the live numbers replace the first five (a saved 0
+#: beside a live 1,010 reads as a contradiction) and only the others are shown.
 _SAVED_COUNTERS = (
-    "ring_size",
     "last_event_id",
     "events_published",
     "slow_client_warnings",
     "evictions",
     "peak_subscribers",
+    "ring_size",
     "event_id_reserved",
     "bus_starts",
 )
+_SAVED_ONLY = ("ring_size", "event_id_reserved", "bus_starts")
 
 
 @admin.register(AgentSession)
@@ -217,20 +246,9 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ordering = ("-created_at",)
     actions = ("close_sessions", "disconnect_all_subscribers", "revoke_session_tokens")
     inlines = (IncidentInline, ConnectionInline)
-    fieldsets = (
-        (None, {"fields": ("id", "title", "owner", "status", "created_at", "closed_at", "links")}),
-        ("Live", {"fields": ("live_numbers",)}),
-        (
-            "Saved counters",
-            {
-                "description": "As last written by the server (at id reservations, close and "
-                "shutdown); the numbers shown when the bus is not loaded.",
-                "fields": _SAVED_COUNTERS,
-            },
-        ),
-    )
     readonly_fields = (
         "id",
+        "title",
         "owner",
         "status",
         "created_at",
@@ -245,6 +263,46 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions are created through the API (POST /session)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """The session page is for watching: read-only, no Save or Delete (a POST to it is
+        403). The list's actions (close, disconnect, revoke) still need *change*."""
+        return obj is None and super().has_change_permission(request)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """The session page without its Delete link either (a monitoring page; deleting
+        stays the list's action for those allowed to)."""
+        context = {**(extra_context or {}), "show_delete": False}
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The session, its live numbers, and the saved counters: all of them when its bus
+        is not loaded, else only those the live numbers do not show."""
+        main = ("id", "title", "owner", "status", "created_at", "closed_at", "links")
+        found, problem = _read_live_stats([obj.id]) if obj is not None else ({}, None)
+        if obj is not None and problem is None and obj.id in found:
+            saved: tuple[str, ...] = _SAVED_ONLY
+            description = (
+                "Written by the server at id reservations, close and shutdown. The other "
+                "counters are live above."
+            )
+        else:
+            saved = _SAVED_COUNTERS
+            description = (
+                "As last written by the server (at id reservations, close and shutdown): "
+                "the latest known while the bus is not loaded."
+            )
+        return (
+            (None, {"fields": main}),
+            ("Live", {"fields": ("live_numbers",)}),
+            ("Saved counters", {"description": description, "fields": saved}),
+        )
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         """The columns, with the live numbers read once for the whole page."""
@@ -307,6 +365,7 @@ class AgentSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             (peak, stats.peak_subscribers),
             ("last event id", stats.last_event_id),
             ("ring fill", _ring_fill(stats)),
+            ("ring bytes", _bytes_cell(stats.ring_bytes)),
             ("earliest id in ring", stats.earliest_id if stats.earliest_id is not None else "—"),
             ("events published", stats.published),
             ("slow-client warnings", stats.slow_client_warnings),
@@ -502,7 +561,7 @@ class SubscriberConnectionAdmin(_ReadOnlyAdmin):
         "client_addr",
         "client_id",
         "frames_sent",
-        "bytes_sent",
+        "sent",
         "closed_at",
         "end_reason",
         "end_detail",
@@ -512,7 +571,16 @@ class SubscriberConnectionAdmin(_ReadOnlyAdmin):
     list_select_related = ("session",)
     date_hierarchy = "opened_at"
     inlines = (IncidentOfConnectionInline,)
-    readonly_fields = ("end_payload_pretty",)
+    readonly_fields = ("end_payload_pretty", "sent")
+
+    @admin.display(description="bytes sent", ordering="bytes_sent")
+    def sent(self, obj: SubscriberConnection) -> str:
+        return _bytes_cell(obj.bytes_sent)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Every field, with the byte count as KiB/MiB in place of the raw number."""
+        fields = [f for f in super().get_fields(request, obj) if f != "sent"]
+        return [("sent" if f == "bytes_sent" else f) for f in fields]
 
     @admin.display(description="terminal frame payload (pretty-printed)")
     def end_payload_pretty(self, obj: SubscriberConnection) -> str:

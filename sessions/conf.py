@@ -119,6 +119,10 @@ ENV_OVERRIDES: Final = {
     "EVENT_LOG_SYNCHRONOUS": "QWENWEB_EVENT_LOG_SYNCHRONOUS",
     "EVENT_LOG_MAX_BYTES": "QWENWEB_EVENT_LOG_MAX_BYTES",
     "EVENT_LOG_ON_MISMATCH": "QWENWEB_EVENT_LOG_ON_MISMATCH",
+    "DASHBOARD_LAG_WARN_EVENTS": "QWENWEB_DASHBOARD_LAG_WARN_EVENTS",
+    "DASHBOARD_LAG_ALERT_EVENTS": "QWENWEB_DASHBOARD_LAG_ALERT_EVENTS",
+    "DASHBOARD_EVICTIONS_WARN": "QWENWEB_DASHBOARD_EVICTIONS_WARN",
+    "DASHBOARD_EVICTIONS_ALERT": "QWENWEB_DASHBOARD_EVICTIONS_ALERT",
 }
 
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -200,6 +204,13 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "EVENT_LOG_SYNCHRONOUS": "NORMAL",
     "EVENT_LOG_MAX_BYTES": 10 * 1024 * _MIB,
     "EVENT_LOG_ON_MISMATCH": "refuse",
+    # The dashboard's thresholds (amber from WARN, red from ALERT): a subscriber's lag in
+    # events behind the head (the default maxQueued is 256; slow_client_warning at 75 %),
+    # and a session's evictions.
+    "DASHBOARD_LAG_WARN_EVENTS": 64,
+    "DASHBOARD_LAG_ALERT_EVENTS": 192,
+    "DASHBOARD_EVICTIONS_WARN": 1,
+    "DASHBOARD_EVICTIONS_ALERT": 10,
 }
 
 # key -> (kind, minimum, maximum)
@@ -251,6 +262,10 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "SNAPSHOT_MAX_BYTES": (int, 64 * 1024, 64 * 1024 * 1024),
     "CLOSED_HISTORY_S": (float, 0, 10 * 365 * 86400),
     "EVENT_LOG_MAX_BYTES": (int, 16 * _MIB, MAX_SAFE_INTEGER),
+    "DASHBOARD_LAG_WARN_EVENTS": (int, 1, MAX_SAFE_INTEGER),
+    "DASHBOARD_LAG_ALERT_EVENTS": (int, 1, MAX_SAFE_INTEGER),
+    "DASHBOARD_EVICTIONS_WARN": (int, 1, MAX_SAFE_INTEGER),
+    "DASHBOARD_EVICTIONS_ALERT": (int, 1, MAX_SAFE_INTEGER),
 }
 #: Choices of the settings that take a word (the first is the default).
 _CHOICES: Final[dict[str, tuple[str, ...]]] = {
@@ -380,6 +395,12 @@ class QwenwebConfig:
     event_log_synchronous: str
     event_log_max_bytes: int
     event_log_on_mismatch: str
+    #: The dashboard's thresholds, amber from ``*_warn``, red from ``*_alert`` (at least
+    #: the warn value): a subscriber's lag (events behind the head), a session's evictions.
+    dashboard_lag_warn_events: int
+    dashboard_lag_alert_events: int
+    dashboard_evictions_warn: int
+    dashboard_evictions_alert: int
 
     @property
     def peer_timeout_s(self) -> float | None:
@@ -542,6 +563,15 @@ def _combination_errors(values: dict[str, Any]) -> list[str]:
             "QWENWEB['REDIS_SENTINEL_SERVICE'] (or $QWENWEB_REDIS_SENTINEL_SERVICE), the "
             "primary's name in the Sentinels' configuration, is empty"
         )
+    for warn, alert in (
+        ("DASHBOARD_LAG_WARN_EVENTS", "DASHBOARD_LAG_ALERT_EVENTS"),
+        ("DASHBOARD_EVICTIONS_WARN", "DASHBOARD_EVICTIONS_ALERT"),
+    ):
+        if values[warn.lower()] > values[alert.lower()]:
+            errors.append(
+                f"QWENWEB[{warn!r}] ({values[warn.lower()]}) is above QWENWEB[{alert!r}] "
+                f"({values[alert.lower()]}): amber must start at or below red"
+            )
     if values["redis_cluster"] and not values["redis_sentinels"]:
         errors.append(
             "QWENWEB['REDIS_CLUSTER'] (or $QWENWEB_REDIS_CLUSTER) is set but Redis Cluster is "

@@ -4,9 +4,11 @@ Routes (``sessions/urls.py``):
 
 - ``GET /`` — active staff: the dashboard (``templates/dashboard.html``,
   ``static/qwenweb/dashboard.js`` and ``.css``): every session with its live counters,
-  plots of events per second and subscribers over the last five minutes, and the latest
-  activity. Everyone else is redirected to their session list (which sends anonymous
-  users to the login page).
+  plots of events per second, subscribers and the worst lag over the last hour, and the latest
+  activity. Live sessions first; a filter (live / closed / all), a search, a time range
+  (5 min / 1 h), gaps where samples are missing, values on hover and keyboard focus, and
+  thresholds colouring lag and evictions (docs/operators.md). Everyone else is redirected
+  to their session list (which sends anonymous users to the login page).
 - ``GET /ops/events/`` — the operator channel as Server-Sent Events (django-eventstream's
   view, served by Django's ``ASGIHandler``: fine for a few staff dashboards, unlike the
   session streams, which must not pin a thread each). Staff only: everyone else gets a
@@ -21,6 +23,7 @@ What the channel carries: :mod:`sessions.ops.feed`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
@@ -32,10 +35,13 @@ from django.views.decorators.http import require_GET, require_safe
 from sessions.auth import is_operator
 from sessions.backends import get_backend
 from sessions.backends.base import BackendUnavailableError
+from sessions.conf import get_config
 from sessions.models import AgentSession, normalize_session_id
 from sessions.ops.feed import (
+    GAP_AFTER_S,
     HISTORY_S,
     OPERATOR_CHANNEL,
+    SESSION_HISTORY_S,
     TICK_S,
     feed,
     notify_threadsafe,
@@ -51,6 +57,11 @@ logger = logging.getLogger("qwenweb.dashboard")
 
 MAX_LISTED_SESSIONS: Final = 200
 RECORDS_LIMIT: Final = 200
+_PLOTS: Final = (
+    {"kind": "rate", "title": "Events per second"},
+    {"kind": "subscribers", "title": "Subscribers"},
+    {"kind": "lag", "title": "Worst lag (events)"},
+)
 
 
 def _staff_error(user: Any) -> JsonResponse | None:
@@ -68,11 +79,15 @@ def home(request: HttpRequest) -> HttpResponse:
     Context ``dashboard_config`` (JSON for the script): ``{"feedUrl", "urls":
     {"sessionPage", "sessionAdmin", "subscribers", "disconnect"}`` (with ``placeholder``,
     ``00000000-0000-0000-0000-000000000000``, in place of the session id and
-    ``subscriberPlaceholder`` in place of the subscriber id), ``"tickS", "historyS",
-    "sessions": [rows], "history", "sessionHistory", "activity"}``; rows merge the
-    database row with the live ``stats()`` of a loaded bus (``"live": true``), else the
-    counters last saved. A session's detail panel (its live subscribers, with a Disconnect
-    button each) polls ``GET /session/<id>/subscribers`` while it is open.
+    ``subscriberPlaceholder`` in place of the subscriber id), ``"serverT"`` (ms, the
+    server's clock now), ``"tickS", "historyS",
+    "sessionHistoryS", "gapAfterS", "thresholds": {"lag": {"warn", "alert"}, "evictions":
+    {"warn", "alert"}}, "sessions": [rows], "history", "sessionHistory", "activity"}``;
+    rows merge the database row with the live ``stats()`` of a loaded bus (``"live":
+    true``), else the counters last saved. The newest 200 sessions are listed, and every
+    loaded one whatever its age; the script orders them (live first). A session's detail
+    panel (its live subscribers, with a Disconnect button each) polls
+    ``GET /session/<id>/subscribers`` while it is open.
     """
     if not is_operator(request.user):
         return redirect("session-list")
@@ -84,11 +99,12 @@ def home(request: HttpRequest) -> HttpResponse:
     if live is None and get_backend().loop.get() is None:
         live = _cluster_rows()  # nothing loaded here: the other processes' numbers, if any
     live_rows = {row["id"]: row for row in (live or {}).get("sessions", [])}
-    rows = []
-    for row in AgentSession.objects.select_related("owner").order_by("-created_at")[
-        :MAX_LISTED_SESSIONS
-    ]:
-        rows.append(_dashboard_row(row, live_rows.pop(row.id, None)))
+    query = AgentSession.objects.select_related("owner").order_by("-created_at")
+    newest = list(query[:MAX_LISTED_SESSIONS])
+    listed = {row.id for row in newest}
+    older_live = list(query.filter(pk__in=[sid for sid in live_rows if sid not in listed]))
+    rows = [_dashboard_row(row, live_rows.get(row.id)) for row in [*newest, *older_live]]
+    config_values = get_config()
     placeholder = "00000000-0000-0000-0000-000000000000"
     config = {
         "feedUrl": reverse("operator-events"),
@@ -102,8 +118,21 @@ def home(request: HttpRequest) -> HttpResponse:
         },
         "placeholder": placeholder,
         "subscriberPlaceholder": SUBSCRIBER_PLACEHOLDER,
+        "serverT": time.time_ns() // 1_000_000,
         "tickS": TICK_S,
         "historyS": HISTORY_S,
+        "sessionHistoryS": SESSION_HISTORY_S,
+        "gapAfterS": GAP_AFTER_S,
+        "thresholds": {
+            "lag": {
+                "warn": config_values.dashboard_lag_warn_events,
+                "alert": config_values.dashboard_lag_alert_events,
+            },
+            "evictions": {
+                "warn": config_values.dashboard_evictions_warn,
+                "alert": config_values.dashboard_evictions_alert,
+            },
+        },
         "sessions": rows,
         "history": (live or {}).get("history", []),
         "sessionHistory": (live or {}).get("sessionHistory", {}),
@@ -112,7 +141,12 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "dashboard.html",
-        {"dashboard_config": config, "sessions": rows, "max_listed": MAX_LISTED_SESSIONS},
+        {
+            "dashboard_config": config,
+            "sessions": rows,
+            "max_listed": MAX_LISTED_SESSIONS,
+            "plots": _PLOTS,
+        },
     )
 
 
@@ -149,6 +183,7 @@ def _dashboard_row(row: AgentSession, live: dict[str, Any] | None) -> dict[str, 
         "ringLength": None,
         "ringSize": row.ring_size,
         "peakSubscribers": row.peak_subscribers,
+        "maxLag": None,
     }
 
 

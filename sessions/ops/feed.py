@@ -10,8 +10,10 @@ Events on the channel (SSE ``event:`` types; ``data`` is JSON):
 
 - ``stats`` — ``{"t": <ms>, "tick": bool, "sessions": [{"id", "title", "status",
   "subscribers", "lastEventId", "published", "warnings", "evictions", "ringLength",
-  "ringSize", "peakSubscribers"}]}`` for every session loaded in this process: each
-  second (``tick`` true: a point of the plots) and right after any activity (false).
+  "ringSize", "peakSubscribers", "maxLag"}]}`` for every session loaded in this process:
+  each second (``tick`` true: a point of the plots) and right after any activity (false).
+  ``maxLag`` is the worst subscriber's lag (events behind the head, as
+  :func:`~sessions.backends.base.subscriber_row` counts it; 0 without subscribers).
   With the Redis backend: every session loaded in any live server process, its figures
   summed over them (:func:`Backend.cluster_stats`), so every process's
   dashboards show the same totals.
@@ -71,20 +73,23 @@ from django_eventstream.views import get_listener_manager
 
 from sessions.auth import is_operator
 from sessions.backends import get_backend
-from sessions.backends.base import BackendUnavailableError
+from sessions.backends.base import Backend, BackendUnavailableError, subscriber_row
 from sessions.bus import BusStats, Frame
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 from sessions.models import AgentSession
 
 __all__ = [
     "ACTIVITY_DELAY_S",
+    "GAP_AFTER_S",
     "HISTORY_S",
     "INCIDENT_TYPES",
     "OPERATOR_CHANNEL",
+    "SESSION_HISTORY_S",
     "TICK_S",
     "OperatorChannelManager",
     "OperatorFeed",
     "feed",
+    "max_lags",
     "notify_threadsafe",
     "session_stats_row",
 ]
@@ -94,8 +99,14 @@ logger = logging.getLogger("qwenweb.dashboard")
 OPERATOR_CHANNEL: Final = "operators"
 TICK_S: Final = 1.0
 """Seconds between two ``stats`` samples (and points of the plots)."""
-HISTORY_S: Final = 300
-"""Seconds of history kept for the plots."""
+HISTORY_S: Final = 3600
+"""Seconds of totals kept for the plots (the dashboard's longest time range): one point a
+tick, at most ``HISTORY_S / TICK_S`` points (about 210 bytes each, 0.75 MiB)."""
+SESSION_HISTORY_S: Final = 120
+"""Seconds of each loaded session's history kept for its sparkline."""
+GAP_AFTER_S: Final = 5.0
+"""Two samples further apart than this have missing data between them: the plots draw a
+gap there, never a line across (a stalled or stopped server, a lost feed)."""
 ACTIVITY_DELAY_S: Final = 0.1
 """Activity is sent this long after it happened, batched (django-eventstream queues at
 most 10 events per listener between two reads)."""
@@ -127,7 +138,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def session_stats_row(session_id: str, title: str, stats: BusStats) -> dict[str, Any]:
+def session_stats_row(
+    session_id: str, title: str, stats: BusStats, max_lag: int = 0
+) -> dict[str, Any]:
+    """One row of ``stats`` (see the module docstring); ``max_lag`` in events."""
     return {
         "id": session_id,
         "title": title,
@@ -140,7 +154,27 @@ def session_stats_row(session_id: str, title: str, stats: BusStats) -> dict[str,
         "ringLength": stats.ring_length,
         "ringSize": stats.ring_size,
         "peakSubscribers": stats.peak_subscribers,
+        "maxLag": max_lag,
     }
+
+
+def max_lags(backend: Backend, others: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """``{session id: the worst subscriber lag}`` (events behind the head) over this
+    process's subscribers (read now, on the loop) and ``others``' reported rows.
+
+    Sessions without subscribers are absent. Touches each queue's counters only; never
+    raises, never awaits.
+    """
+    lags: dict[str, int] = {}
+    for live in backend.registry.values():
+        for subscription in live.bus.subscriptions():
+            lag = subscriber_row(backend.process_id, live, subscription)["lag"]
+            lags[live.session_id] = max(lags.get(live.session_id, 0), lag)
+    for report in others:
+        for sid, rows in (report.get("subscribers") or {}).items():
+            for row in rows or ():
+                lags[sid] = max(lags.get(sid, 0), int(row.get("lag") or 0))
+    return lags
 
 
 class _FeedObserver(ConnectionObserver):
@@ -180,15 +214,24 @@ class _FeedObserver(ConnectionObserver):
 class OperatorFeed(Listener):
     """Sample the loaded buses each second and publish to the operator channel.
 
-    Keeps :data:`HISTORY_S` seconds of totals (``[t_ms, published, subscribers]``) and
-    of each loaded session, and the :data:`RECENT_ACTIVITY` latest activity items, so a
-    dashboard opened now starts with full plots.
+    Keeps :data:`HISTORY_S` seconds of totals (``[t_ms, published, subscribers,
+    maxLag]``), :data:`SESSION_HISTORY_S` seconds of each loaded session (``[t_ms,
+    published, subscribers]``), and the :data:`RECENT_ACTIVITY` latest activity items, so
+    a dashboard opened now starts with full plots. Both histories are deques bounded by
+    their number of ticks; a session's goes when it is no longer loaded.
     """
 
-    def __init__(self, *, tick_s: float = TICK_S, history_s: int = HISTORY_S) -> None:
+    def __init__(
+        self,
+        *,
+        tick_s: float = TICK_S,
+        history_s: float = HISTORY_S,
+        session_history_s: float = SESSION_HISTORY_S,
+    ) -> None:
         self.tick_s = tick_s
         self._points = max(2, int(history_s / tick_s))
-        self._history: deque[tuple[int, int, int]] = deque(maxlen=self._points)
+        self._session_points = max(2, int(session_history_s / tick_s))
+        self._history: deque[tuple[int, int, int, int]] = deque(maxlen=self._points)
         self._session_history: dict[str, deque[tuple[int, int, int]]] = {}
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ACTIVITY)
         self._pending: list[dict[str, Any]] = []
@@ -326,14 +369,19 @@ class OperatorFeed(Listener):
         now = _now_ms()
         rows = self.sample()
         self._history.append(
-            (now, sum(r["published"] for r in rows), sum(r["subscribers"] for r in rows))
+            (
+                now,
+                sum(r["published"] for r in rows),
+                sum(r["subscribers"] for r in rows),
+                max((r["maxLag"] for r in rows), default=0),
+            )
         )
         live_ids = set()
         for row in rows:
             live_ids.add(row["id"])
             history = self._session_history.get(row["id"])
             if history is None:
-                history = self._session_history[row["id"]] = deque(maxlen=self._points)
+                history = self._session_history[row["id"]] = deque(maxlen=self._session_points)
             history.append((now, row["published"], row["subscribers"]))
         for gone in set(self._session_history) - live_ids:
             del self._session_history[gone]
@@ -348,8 +396,11 @@ class OperatorFeed(Listener):
         """
         backend = get_backend()
         titles = {live.session_id: live.title for live in backend.registry.values()}
+        lags = max_lags(backend, self._others)
         return [
-            session_stats_row(sid, titles.get(sid) or self._titles.get(sid, ""), stats)
+            session_stats_row(
+                sid, titles.get(sid) or self._titles.get(sid, ""), stats, lags.get(sid, 0)
+            )
             for sid, stats in backend.cluster_stats(self._others).items()
         ]
 
@@ -357,7 +408,7 @@ class OperatorFeed(Listener):
         """Return what a dashboard page starts from (on the loop): rows, plots, activity.
 
         Shape: ``{"t", "sessions": [stats rows], "history": [[t_ms, published,
-        subscribers]], "sessionHistory": {id: [[t_ms, published, subscribers]]},
+        subscribers, maxLag]], "sessionHistory": {id: [[t_ms, published, subscribers]]},
         "activity": [items, oldest first]}``.
         """
         return {

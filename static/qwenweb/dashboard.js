@@ -11,6 +11,16 @@
 // SharedFeed: one tab holds the EventSource and posts its events to the others), and a feed
 // without an answer after 5 s shows that the browser waits for a free connection.
 //
+// History: the page starts from the server's (an hour of totals, two minutes per session)
+// and adds each `tick` sample; both stay bounded (time and count: trimHistory). Samples
+// are stamped with the server's clock: where two are more than `gapAfterS` apart, the
+// plots draw a gap (./dashboard_plot.js). The plots' time axis ends at the server's "now"
+// (the last sample's time plus the time since it came), so a feed that went quiet shows as
+// a growing gap at the right, not as a line held flat.
+//
+// Sessions: live first (./dashboard_sessions.js), a filter (live / closed / all) and a
+// search; lag and evictions are coloured by the configured thresholds (amber, red).
+//
 // A session's detail panel ("subscribers" in its row) shows its live subscribers in every
 // server process with a Disconnect button each (./subscribers.js): it polls
 // `GET /session/<id>/subscribers` every 2 s while it is open and the page is visible.
@@ -19,61 +29,17 @@
 // DOM part runs only in a browser.
 
 import { ConnectionWaitNotice } from "./connection_wait.js";
+import { Plot, clockTime, niceMax, plotPaths, ratesOf, thresholdLevel, trimHistory } from "./dashboard_plot.js";
+import { compareSessions, filterCounts, matchesFilter, matchesSearch } from "./dashboard_sessions.js";
 import { SharedFeed } from "./shared_feed.js";
 import { SubscribersTable } from "./subscribers.js";
 
+export { niceMax, plotPaths, ratesOf, trimHistory };
+
 const SVG_NS = "http://www.w3.org/2000/svg";
 const MAX_ACTIVITY = 60;
-const SPARK_WINDOW_MS = 120_000;
 const STALE_AFTER_MS = 3500;
-
-/** Events per second between consecutive points `[t_ms, published, subscribers]`.
- * Returns `[[t_ms, rate]]` (one fewer than points). A drop of `published` (a bus rebuilt or
- * unloaded) counts as 0, never as a negative rate. */
-export function ratesOf(points) {
-  const out = [];
-  for (let i = 1; i < points.length; i += 1) {
-    const [t0, p0] = points[i - 1];
-    const [t1, p1] = points[i];
-    const dt = (t1 - t0) / 1000;
-    out.push([t1, dt > 0 ? Math.max(0, p1 - p0) / dt : 0]);
-  }
-  return out;
-}
-
-/** Keep the points of the last `windowMs` before the last point (array of `[t_ms, ...]`). */
-export function trimHistory(points, windowMs) {
-  if (points.length === 0) return points;
-  const since = points[points.length - 1][0] - windowMs;
-  let first = 0;
-  while (first < points.length && points[first][0] < since) first += 1;
-  return points.slice(first);
-}
-
-/** A "nice" upper bound for an axis: 1, 2 or 5 times a power of ten, at least `value`. */
-export function niceMax(value) {
-  if (!(value > 0)) return 1;
-  const power = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 5, 10]) {
-    if (value <= step * power) return step * power;
-  }
-  return 10 * power;
-}
-
-/** SVG path data for `series` (`[[t, y]]`) in a `width` x `height` box over the time
- * window `[t1 - windowMs, t1]`, y from 0 (bottom) to `yMax` (top). Returns
- * `{line, area}` ("" when there are fewer than two points). */
-export function plotPaths(series, { width, height, windowMs, yMax, t1 }) {
-  if (series.length < 2) return { line: "", area: "" };
-  const end = t1 ?? series[series.length - 1][0];
-  const start = end - windowMs;
-  const x = (t) => (((t - start) / windowMs) * width).toFixed(1);
-  const y = (v) => (height - (Math.min(v, yMax) / yMax) * height).toFixed(1);
-  const coords = series.map(([t, v]) => `${x(t)},${y(v)}`);
-  const line = `M${coords.join("L")}`;
-  const area = `${line}L${x(series[series.length - 1][0])},${height}L${x(series[0][0])},${height}Z`;
-  return { line, area };
-}
+const RANGE_WORDS = { 300: "last 5 minutes", 3600: "last hour" };
 
 /** Format a count with thin grouping (12 345). */
 export function formatCount(value) {
@@ -87,76 +53,79 @@ export function formatRate(value) {
   return value < 10 ? value.toFixed(1) : Math.round(value).toLocaleString("en-US");
 }
 
+/** The history point of one `stats` tick: `[t_ms, published, subscribers, maxLag]` summed
+ * (the lag: the worst) over its sessions. */
+export function totalsOf(message) {
+  let published = 0;
+  let subscribers = 0;
+  let lag = 0;
+  for (const session of message.sessions) {
+    published += session.published;
+    subscribers += session.subscribers;
+    lag = Math.max(lag, session.maxLag || 0);
+  }
+  return [message.t, published, subscribers, lag];
+}
+
 // -- the page --------------------------------------------------------------------------
 
-function svg(tag, attrs) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
-  return node;
-}
-
-function drawPlot(element, series, { windowMs, t1, kind }) {
-  const width = 600;
-  const height = 140;
+function drawSpark(element, series, windowMs, t1, gapMs) {
   const max = niceMax(Math.max(0, ...series.map(([, v]) => v)));
+  const { line } = plotPaths(series, { width: 120, height: 24, windowMs, yMax: max, t1, gapMs });
   element.replaceChildren();
-  element.classList.add(`plot-${kind}`);
-  for (const fraction of [0, 0.5, 1]) {
-    const yLine = (height - fraction * height).toFixed(1);
-    element.append(svg("line", { class: "grid", x1: 0, x2: width, y1: yLine, y2: yLine }));
-  }
-  const { line, area } = plotPaths(series, { width, height, windowMs, yMax: max, t1 });
   if (line) {
-    element.append(svg("path", { class: "area", d: area }));
-    element.append(svg("path", { class: "line", d: line }));
+    const path = document.createElementNS(SVG_NS, "path");
+    path.setAttribute("class", "line");
+    path.setAttribute("d", line);
+    element.append(path);
   }
-  let axis = element.nextElementSibling;
-  if (!axis || !axis.classList.contains("plot-axis")) {
-    axis = document.createElement("div");
-    axis.className = "plot-axis";
-    element.after(axis);
-  }
-  axis.replaceChildren(
-    Object.assign(document.createElement("span"), { textContent: `−${Math.round(windowMs / 60000)} min` }),
-    Object.assign(document.createElement("span"), { textContent: `max ${formatCount(max)}` }),
-    Object.assign(document.createElement("span"), { textContent: "now" }),
-  );
-}
-
-function drawSpark(element, series, windowMs, t1) {
-  const max = niceMax(Math.max(0, ...series.map(([, v]) => v)));
-  const { line } = plotPaths(series, { width: 120, height: 24, windowMs, yMax: max, t1 });
-  element.replaceChildren();
-  if (line) element.append(svg("path", { class: "line", d: line }));
 }
 
 function shortId(id) {
   return id ? String(id).slice(0, 8) : "";
 }
 
-function timeOf(ms) {
-  return new Date(ms).toLocaleTimeString("en-GB", { hour12: false });
-}
+const timeOf = clockTime;
 
 class Dashboard {
   constructor(config) {
     this.config = config;
-    this.windowMs = config.historyS * 1000;
+    this.historyMs = config.historyS * 1000;
+    this.sparkMs = config.sessionHistoryS * 1000;
+    this.gapMs = config.gapAfterS * 1000;
+    this.maxPoints = Math.ceil((2 * config.historyS) / config.tickS);
+    this.windowMs = 300_000;
+    this.thresholds = config.thresholds;
     this.tbody = document.querySelector("#sessions tbody");
     this.rows = new Map();
-    this.history = trimHistory(config.history || [], this.windowMs);
+    this.meta = new Map();
+    this.history = trimHistory(config.history || [], this.historyMs, this.maxPoints);
     this.sessionHistory = new Map(Object.entries(config.sessionHistory || {}));
     this.live = new Map();
-    this.totals = { warnings: 0, evictions: 0 };
     this.statsSeen = 0;
+    this.lastSample = { t: config.serverT ?? Date.now(), at: Date.now() };
+    this.filter = "all";
+    this.query = "";
     for (const row of document.querySelectorAll("#sessions tbody tr[data-session-id]")) {
       this.rows.set(row.dataset.sessionId, row);
+      this.meta.set(row.dataset.sessionId, {
+        id: row.dataset.sessionId,
+        title: row.querySelector(".session-title")?.textContent || "",
+        owner: row.dataset.owner || "",
+        createdAt: Date.parse(row.dataset.created) || 0,
+      });
     }
     for (const session of config.sessions || []) {
       if (session.live) this.live.set(session.id, session);
     }
+    this.plots = {
+      rate: new Plot({ frame: document.getElementById("plot-rate-frame"), kind: "rate", unit: "events/s", format: formatRate }),
+      subscribers: new Plot({ frame: document.getElementById("plot-subscribers-frame"), kind: "subscribers", unit: "subscribers", format: formatCount }),
+      lag: new Plot({ frame: document.getElementById("plot-lag-frame"), kind: "lag", unit: "events behind", format: formatCount, thresholds: this.thresholds.lag }),
+    };
     for (const item of config.activity || []) this.addActivity(item);
-    this.refreshAll(Date.now());
+    this.bindControls();
+    this.refreshAll();
     this.detail = null;
     this.tbody.addEventListener("click", (event) => {
       const button = event.target.closest(".detail-open");
@@ -164,6 +133,22 @@ class Dashboard {
       if (row) this.openDetail(row.dataset.sessionId);
     });
     document.getElementById("detail-close").addEventListener("click", () => this.closeDetail());
+  }
+
+  bindControls() {
+    document.getElementById("time-range").addEventListener("change", (event) => {
+      this.windowMs = Number(event.target.value) * 1000;
+      for (const words of document.querySelectorAll(".range-words")) words.textContent = RANGE_WORDS[event.target.value];
+      this.drawPlots();
+    });
+    document.getElementById("session-filter").addEventListener("change", (event) => {
+      this.filter = event.target.value;
+      this.arrangeRows();
+    });
+    document.getElementById("session-search").addEventListener("input", (event) => {
+      this.query = event.target.value;
+      this.arrangeRows();
+    });
   }
 
   /** Show the live subscribers of `sessionId` (one session at a time). */
@@ -234,7 +219,10 @@ class Dashboard {
     // when the connection has not reported an error yet (a stalled server or network).
     this.lastStatsAt = Date.now();
     setInterval(() => {
-      if (Date.now() - this.lastStatsAt > STALE_AFTER_MS) this.setStale(true);
+      if (Date.now() - this.lastStatsAt > STALE_AFTER_MS) {
+        this.setStale(true);
+        this.drawPlots(); // the axis moves on: missing samples show as a growing gap
+      }
     }, 1000);
     this.feed = feed.start();
   }
@@ -254,6 +242,7 @@ class Dashboard {
 
   onStats(message) {
     this.lastStatsAt = Date.now();
+    this.lastSample = { t: message.t, at: this.lastStatsAt };
     this.setStale(false);
     this.statsSeen += 1;
     document.body.dataset.statsSeen = String(this.statsSeen);
@@ -266,19 +255,18 @@ class Dashboard {
       if (!seen.has(id)) this.live.delete(id); // unloaded (closed): no subscriber here any more
     }
     if (message.tick) {
-      let published = 0;
-      let subscribers = 0;
       for (const session of message.sessions) {
-        published += session.published;
-        subscribers += session.subscribers;
         const points = this.sessionHistory.get(session.id) || [];
         points.push([message.t, session.published, session.subscribers]);
-        this.sessionHistory.set(session.id, trimHistory(points, this.windowMs));
+        this.sessionHistory.set(session.id, trimHistory(points, this.sparkMs, this.maxPoints));
       }
-      this.history.push([message.t, published, subscribers]);
-      this.history = trimHistory(this.history, this.windowMs);
+      for (const id of [...this.sessionHistory.keys()]) {
+        if (!seen.has(id)) this.sessionHistory.delete(id);
+      }
+      this.history.push(totalsOf(message));
+      this.history = trimHistory(this.history, this.historyMs, this.maxPoints);
     }
-    this.refreshAll(message.t);
+    this.refreshAll();
   }
 
   onActivity(item) {
@@ -287,7 +275,10 @@ class Dashboard {
     if (item.kind === "session_opened" && !row) {
       this.ensureRow({ id: item.session, title: item.title, status: item.status || "open" });
     }
-    if (item.kind === "session_closed" && row) this.setStatus(row, "closed");
+    if (item.kind === "session_closed" && row) {
+      this.setStatus(row, "closed");
+      this.arrangeRows();
+    }
     if (row && (item.kind === "client_evicted" || item.kind === "slow_client_warning")) {
       const cell = row.querySelector(`[data-field="${item.kind === "client_evicted" ? "evictions" : "warnings"}"]`);
       cell.classList.remove("flash");
@@ -307,25 +298,30 @@ class Dashboard {
     row.dataset.sessionId = session.id;
     row.dataset.live = "false";
     row.innerHTML = `
-      <td class="session-cell"><a class="session-title"></a><span class="mono muted session-id"></span></td>
-      <td><span class="pill" data-field="status"></span></td>
-      <td class="num mono" data-field="subscribers">0</td>
-      <td class="spark-cell"><svg class="spark" data-field="spark" viewBox="0 0 120 24" preserveAspectRatio="none" aria-hidden="true"></svg><span class="mono spark-rate" data-field="rate">–</span></td>
-      <td class="num mono" data-field="lastEventId">–</td>
-      <td class="num mono" data-field="published">–</td>
-      <td data-field="ring"><span class="muted">not loaded</span></td>
-      <td class="num mono" data-field="warnings">0</td>
-      <td class="num mono" data-field="evictions">0</td>
-      <td class="links"><a class="page-link">page</a> · <a class="admin-link">admin</a> · <button type="button" class="text-button detail-open" aria-controls="session-detail">subscribers</button></td>`;
+      <td class="session-cell" data-label="Session"><a class="session-title"></a><span class="mono muted session-id"></span></td>
+      <td data-label="Status"><span class="pill" data-field="status"></span></td>
+      <td class="num mono" data-field="subscribers" data-label="Subscribers">0</td>
+      <td class="num mono" data-field="maxLag" data-label="Worst lag">–</td>
+      <td class="spark-cell" data-label="Events / s"><svg class="spark" data-field="spark" viewBox="0 0 120 24" preserveAspectRatio="none" aria-hidden="true"></svg><span class="mono spark-rate" data-field="rate">–</span></td>
+      <td class="num mono" data-field="lastEventId" data-label="Last id">–</td>
+      <td class="num mono" data-field="published" data-label="Published">–</td>
+      <td data-field="ring" data-label="Ring"><span class="muted">not loaded</span></td>
+      <td class="num mono" data-field="warnings" data-label="Warnings">0</td>
+      <td class="num mono" data-field="evictions" data-label="Evictions">0</td>
+      <td class="links" data-label="Open"><a class="page-link">page</a> · <a class="admin-link">admin</a> · <button type="button" class="text-button detail-open" aria-controls="session-detail">subscribers</button></td>`;
     const title = row.querySelector(".session-title");
     title.textContent = session.title || "(untitled)";
     title.href = page;
-    row.querySelector(".session-id").textContent = `${shortId(session.id)}…`;
+    const id = row.querySelector(".session-id");
+    id.textContent = session.id;
+    id.title = session.id;
     row.querySelector(".page-link").href = page;
     row.querySelector(".admin-link").href = admin;
     this.setStatus(row, session.status || "open");
     this.tbody.prepend(row);
     this.rows.set(session.id, row);
+    const createdAt = Date.parse(session.createdAt) || this.lastSample.t;
+    this.meta.set(session.id, { id: session.id, title: session.title || "", owner: "", createdAt });
     return row;
   }
 
@@ -335,26 +331,35 @@ class Dashboard {
     pill.className = `pill pill-${status}`;
   }
 
-  refreshAll(now) {
-    const t1 = this.history.length ? this.history[this.history.length - 1][0] : now;
+  /** The server's clock now: the last sample's time plus the time since it came. */
+  serverNow() {
+    return this.lastSample.t + (Date.now() - this.lastSample.at);
+  }
+
+  refreshAll() {
+    const t1 = this.serverNow();
     let subscribers = 0;
     let warnings = 0;
     let evictions = 0;
+    let lag = 0;
     for (const session of this.live.values()) {
       const row = this.ensureRow(session);
       row.dataset.live = "true";
       subscribers += session.subscribers;
       warnings += session.warnings;
       evictions += session.evictions;
+      lag = Math.max(lag, session.maxLag || 0);
       this.setStatus(row, session.status || "open");
       this.setCell(row, "subscribers", formatCount(session.subscribers));
+      this.setCell(row, "maxLag", formatCount(session.maxLag ?? 0));
+      this.setLevel(row.querySelector('[data-field="maxLag"]'), session.maxLag ?? 0, this.thresholds.lag);
       this.setCell(row, "lastEventId", formatCount(session.lastEventId));
       this.setCell(row, "published", formatCount(session.published));
       this.setCell(row, "warnings", formatCount(session.warnings), session.warnings > 0);
-      this.setCell(row, "evictions", formatCount(session.evictions), session.evictions > 0);
+      this.setCell(row, "evictions", formatCount(session.evictions));
       this.setRing(row, session.ringLength, session.ringSize);
-      const rates = ratesOf(this.sessionHistory.get(session.id) || []);
-      drawSpark(row.querySelector('[data-field="spark"]'), trimHistory(rates, SPARK_WINDOW_MS), SPARK_WINDOW_MS, t1);
+      const rates = ratesOf(this.sessionHistory.get(session.id) || [], this.gapMs);
+      drawSpark(row.querySelector('[data-field="spark"]'), rates, this.sparkMs, t1, this.gapMs);
       const last = rates.length ? rates[rates.length - 1][1] : NaN;
       row.querySelector('[data-field="rate"]').textContent = formatRate(last);
     }
@@ -362,31 +367,83 @@ class Dashboard {
       if (!this.live.has(id) && row.dataset.live === "true") {
         row.dataset.live = "false";
         this.setCell(row, "subscribers", "0");
+        this.setCell(row, "maxLag", "–");
+        this.setLevel(row.querySelector('[data-field="maxLag"]'), 0, this.thresholds.lag);
         row.querySelector('[data-field="ring"]').innerHTML = '<span class="muted">not loaded</span>';
         row.querySelector('[data-field="rate"]').textContent = "–";
         row.querySelector('[data-field="spark"]').replaceChildren();
       }
+      const cell = row.querySelector('[data-field="evictions"]');
+      this.setLevel(cell, Number(cell.textContent.replace(/\D/g, "")) || 0, this.thresholds.evictions);
     }
-    const rates = ratesOf(this.history);
+    const rates = ratesOf(this.history, this.gapMs);
+    const fresh = rates.length && t1 - rates[rates.length - 1][0] <= this.gapMs;
     document.getElementById("tile-loaded").textContent = formatCount(this.live.size);
     document.getElementById("tile-subscribers").textContent = formatCount(subscribers);
-    document.getElementById("tile-rate").textContent = rates.length ? formatRate(rates[rates.length - 1][1]) : "–";
+    document.getElementById("tile-rate").textContent = fresh ? formatRate(rates[rates.length - 1][1]) : "–";
     document.getElementById("tile-warnings").textContent = formatCount(warnings);
+    const lagTile = document.getElementById("tile-lag");
+    lagTile.textContent = formatCount(lag);
+    this.setLevel(lagTile.parentElement, lag, this.thresholds.lag);
     const evictionTile = document.getElementById("tile-evictions");
     evictionTile.textContent = formatCount(evictions);
-    evictionTile.classList.toggle("nonzero", evictions > 0);
-    drawPlot(document.getElementById("plot-rate"), rates, { windowMs: this.windowMs, t1, kind: "rate" });
-    drawPlot(
-      document.getElementById("plot-subscribers"),
-      this.history.map(([t, , count]) => [t, count]),
-      { windowMs: this.windowMs, t1, kind: "subscribers" },
-    );
+    this.setLevel(evictionTile.parentElement, evictions, this.thresholds.evictions);
+    this.drawPlots(rates);
+    this.arrangeRows();
+  }
+
+  drawPlots(rates = ratesOf(this.history, this.gapMs)) {
+    const view = { windowMs: this.windowMs, t1: this.serverNow(), gapMs: this.gapMs };
+    this.plots.rate.draw({ ...view, series: rates });
+    this.plots.subscribers.draw({ ...view, series: this.history.map(([t, , count]) => [t, count]) });
+    this.plots.lag.draw({ ...view, series: this.history.map(([t, , , lag]) => [t, lag ?? 0]) });
+  }
+
+  /** The session behind a row, for ordering and filtering. */
+  sessionOf(id, row) {
+    const meta = this.meta.get(id) || { id, title: "", owner: "", createdAt: 0 };
+    const status = row.querySelector('[data-field="status"]').textContent.trim();
+    return { ...meta, status, live: row.dataset.live === "true" };
+  }
+
+  /** Order the rows (live first), then show those the filter and the search keep. Moves a
+   * row only when the order changed (a row moved loses the focus inside it). */
+  arrangeRows() {
+    const sessions = [...this.rows].map(([id, row]) => ({ session: this.sessionOf(id, row), row }));
+    sessions.sort((a, b) => compareSessions(a.session, b.session));
+    const current = [...this.tbody.querySelectorAll("tr[data-session-id]")];
+    if (sessions.some((entry, i) => current[i] !== entry.row)) {
+      const marker = this.tbody.querySelector(".filter-empty");
+      for (const { row } of sessions) this.tbody.insertBefore(row, marker);
+    }
+    let shown = 0;
+    for (const { session, row } of sessions) {
+      const keep = matchesFilter(session, this.filter) && matchesSearch(session, this.query);
+      row.hidden = !keep;
+      if (keep) shown += 1;
+    }
+    const counts = filterCounts(sessions.map((entry) => entry.session));
+    for (const span of document.querySelectorAll("#session-filter [data-count]")) {
+      span.textContent = `(${counts[span.dataset.count]})`;
+    }
+    const filtered = this.filter !== "all" || this.query.trim() !== "";
+    this.tbody.querySelector(".filter-empty").hidden = !(filtered && shown === 0 && sessions.length > 0);
+    const status = document.getElementById("filter-status");
+    const text = filtered ? `${shown} of ${sessions.length} shown` : "";
+    if (status.textContent !== text) status.textContent = text;
   }
 
   setCell(row, field, text, nonzero) {
     const cell = row.querySelector(`[data-field="${field}"]`);
     if (cell.textContent !== text) cell.textContent = text;
     if (nonzero !== undefined) cell.classList.toggle("nonzero", nonzero);
+  }
+
+  /** Colour `element` by `value` against `{warn, alert}`: class level-warn / level-alert. */
+  setLevel(element, value, thresholds) {
+    const level = thresholdLevel(value, thresholds);
+    element.classList.toggle("level-warn", level === "warn");
+    element.classList.toggle("level-alert", level === "alert");
   }
 
   setRing(row, length, size) {

@@ -21,10 +21,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from sessions.admin import format_bytes
 from sessions.backends import get_backend
 from sessions.backends.base import LiveSession, SessionClosedError
 from sessions.bus import BusStats, Subscription
-from sessions.models import AgentSession, SubscriberIncident
+from sessions.models import AgentSession, SubscriberConnection, SubscriberIncident
 from sessions.ops.records import Batch, write_batch
 from tests.integration.conftest import publish_here
 from tests.support.backend import USING_REDIS, close_backend_on, memory_only
@@ -159,6 +160,36 @@ def test_session_page_shows_the_live_numbers_of_a_loaded_bus(server_loop, staff)
     html = staff.get(reverse("admin:agent_sessions_agentsession_change", args=[sid])).content
     assert f"<td>{live.bus.epoch}</td>".encode() in html
     assert b"<th>events published</th><td>1</td>" in html
+    # The saved counters the live numbers show are not beside them (a saved 0, a live 1).
+    assert b"field-events_published" not in html
+    assert b"field-event_id_reserved" in html
+
+
+def test_session_page_is_read_only_no_save_no_delete_and_a_post_is_refused(staff):
+    sid = session(title="watched").id
+    url = reverse("admin:agent_sessions_agentsession_change", args=[sid])
+    html = staff.get(url).content.decode()
+    assert 'name="_save"' not in html
+    assert "deletelink" not in html
+    assert staff.post(url, {"title": "renamed"}).status_code == 403
+    assert AgentSession.objects.get(pk=sid).title == "watched"
+
+
+def test_session_page_times_are_to_the_second_and_sizes_in_kib(staff):
+    sid = session(title="sized").id
+    incident = _incident(sid, "client_evicted")
+    SubscriberConnection.objects.filter(pk=incident.connection_id).update(bytes_sent=65_576_008)
+    html = staff.get(reverse("admin:agent_sessions_agentsession_change", args=[sid])).content
+    assert b"62.54 MiB" in html
+    assert b'title="65,576,008 bytes"' in html
+    created = AgentSession.objects.get(pk=sid).created_at
+    assert created.strftime("%Y-%m-%d %H:%M:%S").encode() in html
+
+
+def test_byte_counts_read_in_iec_units():
+    assert [format_bytes(n) for n in (None, 0, 1023, 1024, 65_576_008, 3 * 1024**3)] == [
+        "—", "0 B", "1023 B", "1.0 KiB", "62.54 MiB", "3.00 GiB",
+    ]  # fmt: skip
 
 
 # -- actions ----------------------------------------------------------------------------------

@@ -219,6 +219,29 @@ async def test_dashboard_page_starts_with_live_rows_and_history(make_session, st
     assert snapshot["activity"][-1]["kind"] == "subscriber_joined"
 
 
+async def test_feed_rows_and_history_carry_the_worst_subscriber_lag(make_session, feed):
+    sid = await make_session()
+    backend = get_backend()
+    live = await backend.get_live_session(sid)
+    _, reader = await backend.subscribe(live, max_queued=64)  # attached, never read
+    await publish_many(sid, 5)
+    (row,) = [r for r in feed.tick() if r["id"] == sid]
+    assert row["maxLag"] == 5
+    assert feed.snapshot()["history"][-1][3] == 5
+    reader.abort()  # the reader goes: no subscriber, no lag
+    (row,) = [r for r in feed.tick() if r["id"] == sid]
+    assert row["maxLag"] == 0
+
+
+async def test_feed_history_is_bounded_by_its_span():
+    small = operator_feed.OperatorFeed(tick_s=1.0, history_s=3, session_history_s=2)
+    for _ in range(5):
+        small.tick()
+    snapshot = small.snapshot()
+    assert len(snapshot["history"]) == 3
+    assert all(len(points) <= 2 for points in snapshot["sessionHistory"].values())
+
+
 # -- the records endpoint -----------------------------------------------------------------
 
 

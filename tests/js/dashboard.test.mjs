@@ -1,4 +1,4 @@
-// The operator dashboard's pure helpers (static/qwenweb/dashboard.js): rates and plot paths.
+// The operator dashboard's pure helpers (static/qwenweb/dashboard.js): rates, plot paths, totals.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
@@ -7,6 +7,7 @@ import {
   niceMax,
   plotPaths,
   ratesOf,
+  totalsOf,
   trimHistory,
 } from "../../static/qwenweb/dashboard.js";
 
@@ -41,8 +42,18 @@ test("plot paths span the window, bottom at zero and top at the maximum", () => 
   assert.equal(area, `${line}L100.0,10L0.0,10Z`);
 });
 
-test("fewer than two points draw nothing", () => {
-  assert.deepEqual(plotPaths([[0, 1]], { width: 1, height: 1, windowMs: 1, yMax: 1 }), { line: "", area: "" });
+test("no sample draws nothing, a single sample is a dot", () => {
+  assert.deepEqual(plotPaths([], { width: 1, height: 1, windowMs: 1, yMax: 1 }), { line: "", area: "" });
+  assert.deepEqual(plotPaths([[1, 1]], { width: 10, height: 10, windowMs: 1, yMax: 1 }), { line: "M10.0,0.0h0.1", area: "" });
+});
+
+test("a tick's history point sums published and subscribers and keeps the worst lag", () => {
+  const message = { t: 5, sessions: [
+    { published: 3, subscribers: 1, maxLag: 7 },
+    { published: 4, subscribers: 2, maxLag: 2 },
+    { published: 1, subscribers: 0 },
+  ] };
+  assert.deepEqual(totalsOf(message), [5, 8, 3, 7]);
 });
 
 test("rates show one decimal below ten", () => {

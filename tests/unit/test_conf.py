@@ -191,3 +191,14 @@ def test_bad_evicted_linger_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str
     with pytest.raises(ImproperlyConfigured, match="EVICTED_LINGER_S"):
         get_config()
     get_config.cache_clear()
+
+
+def test_dashboard_thresholds_amber_above_red_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWENWEB_DASHBOARD_LAG_WARN_EVENTS", "500")
+    get_config.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match=r"DASHBOARD_LAG_WARN_EVENTS.*amber"):
+        get_config()
+    monkeypatch.setenv("QWENWEB_DASHBOARD_LAG_ALERT_EVENTS", "500")
+    get_config.cache_clear()
+    assert get_config().dashboard_lag_warn_events == get_config().dashboard_lag_alert_events == 500
+    get_config.cache_clear()
