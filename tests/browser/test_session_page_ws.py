@@ -1,0 +1,110 @@
+"""The session page over the WebSocket transport (``?transport=ws``, issue 27) in Chromium.
+
+The page's stream rides ``GET /ws`` (./static/qwenweb/ws.js); these tests check that it
+shows the same thing as over SSE and resumes the same way: after a Drop, and after the
+server itself cut the socket (a restart), one ``subscribe`` with the cursor and epoch,
+every event once and in order. Playwright records the messages the page sends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, WebSocket, expect
+
+from tests.browser.conftest import RemoteSession, SessionPage
+from tests.support.server import ServerProcess
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+
+class SentMessages:
+    """The JSON messages the page sends on its WebSockets, in order, with the socket's number."""
+
+    def __init__(self, page: Page) -> None:
+        self.sockets: list[str] = []
+        self.messages: list[tuple[int, dict[str, Any]]] = []
+        page.on("websocket", self._on_socket)
+
+    def _on_socket(self, socket: WebSocket) -> None:
+        number = len(self.sockets)
+        self.sockets.append(socket.url)
+        socket.on("framesent", lambda payload: self.messages.append((number, json.loads(payload))))
+
+    def subscribes(self) -> list[tuple[int, dict[str, Any]]]:
+        return [(n, m) for n, m in self.messages if m.get("op") == "subscribe"]
+
+
+def open_over_ws(
+    page: Page, server: ServerProcess
+) -> tuple[RemoteSession, SessionPage, SentMessages]:
+    session = RemoteSession.create(server.base_url, title="over ws")
+    sent = SentMessages(page)
+    view = SessionPage(page, session).open(install_clock=True, query="transport=ws")
+    return session, view, sent
+
+
+def test_over_ws_the_panel_says_websocket_and_events_arrive_in_order(
+    page: Page, server: ServerProcess
+) -> None:
+    session, view, sent = open_over_ws(page, server)
+    expect(page.locator("#transport")).to_have_attribute("data-transport", "websocket")
+    said = session.say("Hello ", "over ", "a socket")
+    view.wait_for_id(said[-1])
+    assert view.log_ids() == said
+    assert view.agent_text() == "Hello over a socket"
+    assert view.traffic.streams() == [], "no SSE request over ?transport=ws"
+    assert sent.sockets[0].endswith("/ws")
+    [(_, subscribe)] = sent.subscribes()
+    assert subscribe["session"] == session.id
+    assert "token" in subscribe
+
+
+def test_over_ws_drop_then_30_events_resume_with_the_cursor_each_id_once(
+    page: Page, server: ServerProcess
+) -> None:
+    # The Drop cuts the socket; the reconnect sends one subscribe with the cursor and epoch.
+    session, view, sent = open_over_ws(page, server)
+    before = session.say(*(f"a{n} " for n in range(5)))
+    view.wait_for_id(before[-1])
+    view.freeze_clock()
+    page.click("#drop")
+    view.expect_state("reconnecting")
+    during = session.say(*(f"b{n} " for n in range(30)))
+    view.advance_clock(5_000)
+    view.wait_for_id(during[-1])
+    assert view.log_ids() == [*before, *during]
+    assert len(sent.sockets) == 2
+    resubscribe = [m for n, m in sent.subscribes() if n == 1]
+    assert len(resubscribe) == 1
+    assert resubscribe[0]["lastEventId"] == before[-1]
+    assert resubscribe[0]["epoch"] == session.load()["epoch"]
+    expect(page.locator("#reconnects")).to_have_text("1")
+
+
+def test_over_ws_a_server_restart_cuts_the_socket_and_the_page_resumes_without_gap(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    # The server cuts the socket (its process stops); events published before the page's
+    # reconnect fires are replayed after the cursor: no gap, no duplicate, no resync
+    # (the durable and Redis backends outlive the process).
+    server = start_server("serve")
+    session, view, sent = open_over_ws(page, server)
+    before = session.say("one ", "two ", "three ")
+    view.wait_for_id(before[-1])
+    server.stop()
+    view.expect_state("reconnecting")
+    server.start()
+    while_away = session.say("four ", "five ")
+    view.page.clock.fast_forward(60_000)  # fire the pending reconnect now
+    view.expect_state("open")
+    view.wait_for_id(while_away[-1])
+    after = session.say("six")
+    view.wait_for_id(after[-1])
+    assert view.log_ids() == [*before, *while_away, *after]
+    assert view.agent_text() == "one two three four five six"
+    expect(page.locator("#last-resync")).to_have_text("—")
+    assert sent.subscribes()[-1][1]["lastEventId"] == before[-1]
