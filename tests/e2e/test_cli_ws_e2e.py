@@ -23,7 +23,10 @@ from tests.support.server import (
     server_env,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(150),  # a server start and two manage.py processes, on a loaded machine
+]
 
 
 @pytest.fixture(scope="module")
