@@ -65,8 +65,12 @@ import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
 import { WsSessionStream, socketUrl } from "./ws.js";
 
-/** Over the WebSocket, a token is replaced in band at this fraction of its lifetime. */
-const TOKEN_REFRESH_AT = 0.8;
+/**
+ * Over the WebSocket, a token is replaced in band at this fraction of its lifetime, counted
+ * from when it arrived: half leaves room for a slow token request (and costs one token a
+ * half-hour at the default lifetime).
+ */
+const TOKEN_REFRESH_AT = 0.5;
 
 class SessionPage {
   constructor(config, dom) {
@@ -231,9 +235,16 @@ class SessionPage {
       session: this.config.sessionId,
       url: this.socketPath(),
       getToken: (reason) => this.tokens.get(reason === "unauthorized" || reason === "refresh"),
-      refreshAfterMs: () => (this.tokens.expiresInS > 0 ? this.tokens.expiresInS * TOKEN_REFRESH_AT * 1000 : null),
+      refreshAfterMs: () => this.tokenRefreshAfterMs(),
       onCallbackError: (error) => this.onStreamCallbackError(error),
     };
+  }
+
+  /** Ms until the current token is half through its life (from when it arrived), or null. */
+  tokenRefreshAfterMs() {
+    const { expiresInS, issuedAtMs } = this.tokens;
+    if (!(expiresInS > 0)) return null;
+    return Math.max(0, issuedAtMs + expiresInS * TOKEN_REFRESH_AT * 1000 - Date.now());
   }
 
   socketPath() {

@@ -57,6 +57,7 @@ export class TokenSource {
     this.pending = null;
     this.issued = 0;
     this.expiresInS = 0; // the last token's lifetime, seconds (0: not told)
+    this.issuedAtMs = 0; // when it arrived (Date.now())
   }
 
   /** The current token, or a new one when `fresh` (the last one was rejected) or none yet. */
@@ -86,6 +87,7 @@ export class TokenSource {
     }
     this.token = body.token;
     this.expiresInS = Number.isFinite(body.expiresInS) ? body.expiresInS : 0;
+    this.issuedAtMs = Date.now();
     this.issued += 1;
     this.onIssued(this.issued);
     return this.token;

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, WebSocket, expect
 
+from sessions.auth import issue_token
 from tests.browser.conftest import RemoteSession, SessionPage
 from tests.support.server import ServerProcess
 
@@ -108,3 +109,89 @@ def test_over_ws_a_server_restart_cuts_the_socket_and_the_page_resumes_without_g
     assert view.agent_text() == "one two three four five six"
     expect(page.locator("#last-resync")).to_have_text("—")
     assert sent.subscribes()[-1][1]["lastEventId"] == before[-1]
+
+
+@pytest.mark.timeout(150)  # a server of its own and three token lifetimes, loaded machine
+def test_over_ws_the_token_is_refreshed_in_band_and_the_subscription_outlives_it(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    # Tokens of 4 s, replaced in band at half their life: after two lifetimes the
+    # first subscription still streams; no token_expired, no resubscribe, no reconnect.
+    server = start_server("serve", QWENWEB_TOKEN_LIFETIME_S="4")
+    session = RemoteSession.create(server.base_url)
+    sent = SentMessages(page)
+    view = SessionPage(page, session).open(query="transport=ws")
+    first = session.say("p0 ")
+    view.wait_for_id(first[-1])
+    expect(page.locator("#tokens")).to_have_text("5", timeout=30_000)  # four refreshes: 8 s
+    after = session.say("q0 ", "q1 ")
+    view.wait_for_id(after[-1])
+    assert view.log_ids() == [*first, *after]
+    expect(page.locator("#last-stream-error")).to_have_text("—")
+    expect(page.locator("#reconnects")).to_have_text("0")
+    assert len(sent.subscribes()) == 1
+    refreshes = [m for _, m in sent.messages if m.get("op") == "refresh"]
+    assert len(refreshes) >= 4
+    assert len({m["token"] for m in refreshes}) == len(refreshes)
+
+
+MANY_SESSIONS_JS = """async ({ sessions }) => {
+  const { SessionSocket, WsSessionStream } = await import("/static/qwenweb/ws.js");
+  const socket = new SessionSocket({ url: "/ws", initialRetryMs: 200 });
+  window.received = {};
+  window.replays = {};
+  window.socket = socket;
+  for (const { id, token } of sessions) {
+    window.received[id] = [];
+    window.replays[id] = 0;
+    new WsSessionStream({
+      socket,
+      session: id,
+      lastEventId: "0",
+      getToken: async () => token,
+      onEvent: (e) => {
+        if (e.id !== null) window.received[id].push(Number(e.id));
+        if (e.type === "replay_complete") window.replays[id] += 1;
+        if (e.type === "state_resync_required") window.resyncs = (window.resyncs ?? 0) + 1;
+      },
+    }).start();
+  }
+}"""
+"""One SessionSocket carrying every session of ``sessions`` ({id, token}), each from cursor 0."""
+
+
+@pytest.mark.timeout(180)  # a server restart and a backoff on a loaded machine
+def test_one_socket_carries_many_sessions_and_resumes_all_in_one_batch_after_a_server_cut(
+    page: Page, start_server: Callable[..., ServerProcess]
+) -> None:
+    # Issue 27: one socket, N subscriptions; the server's process stops (the socket is cut),
+    # events are published to every session meanwhile; the new socket resubscribes all N
+    # in one burst with their cursors and epochs: every event once, in order, per session.
+    server = start_server("serve")
+    sessions = [RemoteSession.create(server.base_url, title=f"many {n}") for n in range(20)]
+    for session in sessions:
+        session.say("a ", "b ", "c ")
+    sent = SentMessages(page)
+    page.goto(f"{server.base_url}/admin/login/")
+    tokens = [{"id": s.id, "token": issue_token(s.id, ["read"])} for s in sessions]
+    page.evaluate(MANY_SESSIONS_JS, {"sessions": tokens})
+    every_replay = "n => Object.values(window.replays).every(c => c >= n)"
+    page.wait_for_function(every_replay, arg=1, timeout=30_000)
+    epoch = {s.id: s.load()["epoch"] for s in sessions}
+    server.stop()
+    server.start()
+    for session in sessions:
+        session.say(*(f"d{n} " for n in range(10)))
+    page.wait_for_function(every_replay, arg=2, timeout=60_000)
+    all_events = "n => Object.values(window.received).every(ids => ids.length >= n)"
+    page.wait_for_function(all_events, arg=13, timeout=30_000)
+    received = page.evaluate("window.received")
+    assert all(received[s.id] == list(range(1, 14)) for s in sessions), received
+    assert page.evaluate("window.resyncs ?? 0") == 0
+    last_socket = max(n for n, _ in sent.subscribes())
+    batch = [m for n, m in sent.subscribes() if n == last_socket]
+    first_messages = [m["op"] for n, m in sent.messages if n == last_socket][: len(sessions)]
+    assert first_messages == ["subscribe"] * len(sessions), "one burst, nothing in between"
+    assert sorted(m["session"] for m in batch) == sorted(s.id for s in sessions)
+    assert all((m["lastEventId"], m["epoch"]) == (3, epoch[m["session"]]) for m in batch)
+    assert len(sent.sockets) >= 2
