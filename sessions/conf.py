@@ -100,6 +100,7 @@ ENV_OVERRIDES: Final = {
     "WS_COMMAND_RATE_PER_S": "QWENWEB_WS_COMMAND_RATE_PER_S",
     "WS_MAX_MESSAGE_BYTES": "QWENWEB_WS_MAX_MESSAGE_BYTES",
     "WS_MAX_SOCKETS_PER_USER": "QWENWEB_WS_MAX_SOCKETS_PER_USER",
+    "WS_MAX_UNSENT_BYTES": "QWENWEB_WS_MAX_UNSENT_BYTES",
     "LOGIN_LOCKOUT_S": "QWENWEB_LOGIN_LOCKOUT_S",
     "ANONYMOUS_BODY_TIMEOUT_S": "QWENWEB_ANONYMOUS_BODY_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
@@ -179,6 +180,9 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "WS_COMMAND_RATE_PER_S": 50.0,
     "WS_MAX_MESSAGE_BYTES": 65_536,
     "WS_MAX_SOCKETS_PER_USER": 32,
+    # A socket's kernel send queue (unacknowledged bytes) above this: its writer waits
+    # (sessions.transport.unsent; uvicorn's and daphne's send do not wait themselves).
+    "WS_MAX_UNSENT_BYTES": _MIB,
     "LOGIN_LOCKOUT_S": 900,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
@@ -244,6 +248,7 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "WS_COMMAND_RATE_PER_S": (float, 0.01, 1_000_000),
     "WS_MAX_MESSAGE_BYTES": (int, 1024, 65_536),
     "WS_MAX_SOCKETS_PER_USER": (int, 1, 100_000),
+    "WS_MAX_UNSENT_BYTES": (int, 65_536, 64 * _MIB),
     "LOGIN_LOCKOUT_S": (int, 1, 7 * 24 * 3600),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
@@ -356,6 +361,8 @@ class QwenwebConfig:
     ws_command_rate_per_s: float
     ws_max_message_bytes: int
     ws_max_sockets_per_user: int
+    #: A socket's writer waits while its kernel send queue holds more than this (bytes).
+    ws_max_unsent_bytes: int
     login_lockout_s: int
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int

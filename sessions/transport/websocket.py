@@ -64,6 +64,7 @@ from sessions.transport.admission import (
 )
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import pump_frames
+from sessions.transport.unsent import UnsentGate
 from sessions.transport.ws_protocol import (
     PING,
     SUBPROTOCOL,
@@ -185,7 +186,10 @@ class _Socket:
         self.user_agent = sanitize_for_log(headers.get(b"user-agent"), 300)
         self.client_id = sanitize_for_log(headers.get(b"x-client-id"), 200)
         self.cookie = headers.get(b"cookie") if _cookie_allowed(scope, headers, client) else None
-        self.writer = SocketWriter(send, self.config.writer_idle_timeout_s, self._idle)
+        self.gate = UnsentGate.find(
+            scope.get("client"), scope.get("server"), self.config.ws_max_unsent_bytes
+        )
+        self.writer = SocketWriter(send, self.config.writer_idle_timeout_s, self._idle, self.gate)
         self.entries: dict[str, _Entry | None] = {}  # None: being admitted
         self.bucket = _Bucket(self.config.ws_command_burst, self.config.ws_command_rate_per_s)
         self.bucket.tokens = self.bucket.burst
@@ -213,6 +217,8 @@ class _Socket:
             pinger.cancel()
             await self._teardown()
             self.writer.stop()
+            if self.gate is not None:
+                self.gate.close()
             if self.owner is not None:
                 count = self.route.sockets_per_user.get(self.owner, 1) - 1
                 if count > 0:

@@ -3,8 +3,9 @@
 Overflow policy (EB-21 for a socket)
     Each subscription's pump and the command loop write through :class:`SocketWriter`,
     one message at a time (a FIFO lock). Every supported server's ``websocket.send``
-    waits for the socket (granian, uvicorn with ``websockets``; daphne through
-    :mod:`sessions.transport.flow_control`), so a client that stops reading holds the
+    waits for the socket: granian's ``send`` itself, any other server's (uvicorn's and
+    daphne's ``send`` return at once, measured) through
+    :class:`~sessions.transport.unsent.UnsentGate`, so a client that stops reading holds the
     writer, every pump of the socket waits behind it, and each subscription's bounded
     queue fills until the bus warns and evicts it (EB-3 … EB-5), exactly as an SSE
     stream. A message pending for ``idle_s`` without the socket taking it calls
@@ -22,6 +23,8 @@ from typing import cast
 from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import ASGISendEvent as Message
 
+from sessions.transport.unsent import UnsentGate
+
 __all__ = ["SocketClosedError", "SocketWriter"]
 
 
@@ -37,6 +40,8 @@ class SocketWriter:
         idle_s: how long one message may wait on the socket before ``on_idle`` is called
             (``WRITER_IDLE_TIMEOUT_S``).
         on_idle: called once, on the event loop, never awaited.
+        gate: the connection's :class:`~sessions.transport.unsent.UnsentGate`, waited on
+            before each message (None: rely on ``send``).
 
     Attributes:
         last_write: loop time of the last message the socket took (or of creation).
@@ -44,6 +49,7 @@ class SocketWriter:
     """
 
     __slots__ = (
+        "_gate",
         "_handle",
         "_lock",
         "_loop",
@@ -56,8 +62,15 @@ class SocketWriter:
         "pending_since",
     )
 
-    def __init__(self, send: Send, idle_s: float, on_idle: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        send: Send,
+        idle_s: float,
+        on_idle: Callable[[], None],
+        gate: UnsentGate | None = None,
+    ) -> None:
         self._send = send
+        self._gate = gate
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._on_idle = on_idle
@@ -79,6 +92,8 @@ class SocketWriter:
                 raise SocketClosedError("the socket is closed")
             self.pending_since = self._loop.time()
             try:
+                if self._gate is not None:  # the server's send may not wait: the kernel's bound
+                    await self._gate.wait()
                 await self._send(message)
             finally:
                 self.pending_since = None
