@@ -9,17 +9,22 @@ every event once and in order. Playwright records the messages the page sends.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, WebSocket, expect
+from playwright.sync_api import Browser, BrowserContext, Page, WebSocket, expect
 
 from sessions.auth import issue_token
-from tests.browser.conftest import RemoteSession, SessionPage
+from tests.browser.conftest import VIEWPORT, RemoteSession, SessionPage
 from tests.support.server import ServerProcess
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.e2e,
+    # servers of their own, restarts, token lifetimes, three tabs: on a loaded machine
+    pytest.mark.timeout(180),
+]
 
 
 class SentMessages:
@@ -111,7 +116,6 @@ def test_over_ws_a_server_restart_cuts_the_socket_and_the_page_resumes_without_g
     assert sent.subscribes()[-1][1]["lastEventId"] == before[-1]
 
 
-@pytest.mark.timeout(150)  # a server of its own and three token lifetimes, loaded machine
 def test_over_ws_the_token_is_refreshed_in_band_and_the_subscription_outlives_it(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
@@ -160,7 +164,6 @@ MANY_SESSIONS_JS = """async ({ sessions }) => {
 """One SessionSocket carrying every session of ``sessions`` ({id, token}), each from cursor 0."""
 
 
-@pytest.mark.timeout(180)  # a server restart and a backoff on a loaded machine
 def test_one_socket_carries_many_sessions_and_resumes_all_in_one_batch_after_a_server_cut(
     page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
@@ -195,3 +198,43 @@ def test_one_socket_carries_many_sessions_and_resumes_all_in_one_batch_after_a_s
     assert sorted(m["session"] for m in batch) == sorted(s.id for s in sessions)
     assert all((m["lastEventId"], m["epoch"]) == (3, epoch[m["session"]]) for m in batch)
     assert len(sent.sockets) >= 2
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """One browser profile: its tabs share BroadcastChannels and locks."""
+    context = browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
+    context.set_default_timeout(10_000)
+    errors: list[str] = []
+    context.on("weberror", lambda error: errors.append(str(error.error)))
+    yield context
+    context.close()
+    assert not errors, f"errors in the pages: {errors}"
+
+
+def test_over_ws_three_tabs_share_one_socket_and_a_new_leader_resumes_without_loss(
+    context: BrowserContext, server: ServerProcess
+) -> None:
+    # Tab sharing (shared_stream.js) with WsSessionStream: one leader tab holds the socket;
+    # when it closes, another tab is elected and subscribes with the cursor it applied.
+    session = RemoteSession.create(server.base_url, title="ws tabs")
+    pages = [context.new_page() for _ in range(3)]
+    sent = [SentMessages(page) for page in pages]
+    views = [SessionPage(pages[0], session).open(query="transport=ws")]
+    for page in pages[1:]:
+        page.goto(f"{session.page_url}?transport=ws")
+        views.append(SessionPage(page, session))
+    first = session.say("one ", "two ")
+    for view in views:
+        view.wait_for_id(first[-1])
+    assert sum(len(s.sockets) for s in sent) == 1, "one socket for the three tabs"
+    leader = next(n for n, s in enumerate(sent) if s.sockets)
+    pages[leader].close()
+    while_electing = session.say("three ")
+    rest = [view for n, view in enumerate(views) if n != leader]
+    after = session.say("four")
+    for view in rest:
+        view.wait_for_id(after[-1])
+        assert view.log_ids() == [*first, *while_electing, *after]
+        assert view.agent_text() == "one two three four"
+    assert sum(len(s.sockets) for n, s in enumerate(sent) if n != leader) == 1
