@@ -137,6 +137,15 @@ describe("reconnect with the SSE backoff (SC-11)", () => {
     assert.equal(a.stream.reconnectCount, 0, "one subscribe sent so far");
   });
 
+  test("a 4429 close (the user's sockets at their limit) backs off as a socket that never opened", T, async () => {
+    const h = harness();
+    const a = h.make("s1");
+    a.stream.start();
+    const ws = await acceptAndSubscribe(h, 1);
+    ws.cut(4429, "socket_limit_exceeded");
+    assert.deepEqual(a.log.delays, [backoff(1)]);
+  });
+
   test("drop() cuts the socket and every subscription resumes after the reconnection time", T, async () => {
     const h = harness();
     const a = h.make("s1");
