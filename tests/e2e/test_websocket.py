@@ -90,7 +90,7 @@ async def _sse_frames(
         await client.aclose()
 
 
-RESUME_ROWS = {
+RESUME_ROWS: dict[str, tuple[dict[str, Any], list[tuple[str, str]]]] = {
     "no cursor": ({}, []),
     "cursor 0": ({"lastEventId": 0}, [("Last-Event-ID", "0")]),
     "in ring": ({"lastEventId": 8}, [("Last-Event-ID", "8")]),
