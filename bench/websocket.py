@@ -34,7 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.server import (
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
+django.setup()  # the test support issues tokens with the project's secret
+
+from tests.support.server import (  # noqa: E402
     RemoteSession,
     ServerProcess,
     free_port,
@@ -43,7 +48,7 @@ from tests.support.server import (
     serve_argv,
     server_env,
 )
-from tests.support.wsclient import WsClient, ids, types
+from tests.support.wsclient import WsClient, ids, types  # noqa: E402
 
 WAIT_S = 120.0
 
@@ -115,8 +120,8 @@ async def fanout(server: ServerProcess, subscribers: int, events: int) -> dict[s
         [c.read_until(lambda evs: sum(e.type == "note" for e in evs) >= events, WAIT_S)
          for c in sse],
     )  # fmt: skip
-    for client in sse:
-        await client.aclose()
+    for stream in sse:
+        await stream.aclose()
     session = RemoteSession.create(server.base_url)
     sockets = [await _ws(server).connect() for _ in range(subscribers)]
     for client in sockets:
@@ -145,11 +150,12 @@ async def idle(server: ServerProcess, count: int, per_socket: int) -> float:
     """Scenario 3: KiB of server RSS per idle subscriber (``per_socket`` 0: SSE)."""
     sessions = [RemoteSession.create(server.base_url) for _ in range(max(10, per_socket))]
     before = server.rss_kib()
-    held: list[Any] = []
+    streams: list[Any] = []
+    held: list[WsClient] = []
     if per_socket == 0:
         for n in range(count):
             s = sessions[n % len(sessions)]
-            held.append(await open_stream(server.port, s.events_path, s.read_token))
+            streams.append(await open_stream(server.port, s.events_path, s.read_token))
     else:
         for start in range(0, count, per_socket):
             client = await _ws(server).connect()
@@ -160,8 +166,10 @@ async def idle(server: ServerProcess, count: int, per_socket: int) -> float:
             held.append(client)
     await asyncio.sleep(1.0)  # the server's allocations settle (no wait stands for a cause)
     grown = server.rss_kib() - before
-    for item in held:
-        await (item.aclose() if per_socket == 0 else item.close())
+    for stream in streams:
+        await stream.aclose()
+    for client in held:
+        await client.close()
     return grown / count
 
 
