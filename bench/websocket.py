@@ -56,7 +56,7 @@ WAIT_S = 120.0
 def _server(database: Path, log: Path) -> ServerProcess:
     port = free_port()
     env = server_env(database, QWENWEB_MAX_SUBSCRIBERS="2000", QWENWEB_PUBLISH_RATE_PER_S="100000")
-    return ServerProcess(serve_argv(port), port, env, log).start()
+    return ServerProcess(serve_argv(port), port, env, log).start(timeout_s=120)
 
 
 def _ws(server: ServerProcess) -> WsClient:
