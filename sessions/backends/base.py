@@ -162,11 +162,10 @@ def subscriber_row(
 ) -> dict[str, Any]:
     """One row of :meth:`Backend.list_subscribers` for an attached ``subscription``.
 
-    Shape: ``{"id", "process", "user", "clientId", "address", "transport" (``sse`` or
-    ``ws``), "since" (epoch s),
-    "lastEventId" (None before any event), "lag" (events behind the head),
-    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId`` and
-    ``address`` come from the details the transport attached (``""`` when none);
+    Shape: ``{"id", "process", "user", "clientId", "address", "transport", "since"
+    (epoch s), "lastEventId" (None before any event), "lag" (events behind the head),
+    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId``, ``address``
+    and ``transport`` (``sse``/``ws``) come from the transport's details (``""`` if none);
     ``bytesPerSecond`` is the caller's sample (:class:`~sessions.backends.rates.ByteRates`).
     Never raises, never touches more than the queue's counters.
     """

@@ -29,6 +29,7 @@ from tests.support.server import (
     free_port,
     get_json,
     open_stream,
+    request_json,
     serve_argv,
     server_env,
 )
@@ -90,7 +91,7 @@ async def _sse_frames(
         await client.aclose()
 
 
-RESUME_ROWS = {
+RESUME_ROWS: dict[str, tuple[dict[str, Any], list[tuple[str, str]]]] = {
     "no cursor": ({}, []),
     "cursor 0": ({"lastEventId": 0}, [("Last-Event-ID", "0")]),
     "in ring": ({"lastEventId": 8}, [("Last-Event-ID", "8")]),
@@ -314,5 +315,52 @@ async def test_drain_ends_websocket_subscriptions_with_server_draining_then_clos
         assert last["type"] == "stream_error"
         assert last["data"]["code"] == "server_draining"
         assert client.closed_code in (1012, 1001), client.closed_code
+    finally:
+        server.stop()
+
+
+@pytest.mark.asyncio
+async def test_closing_the_session_ends_its_subscription_and_a_resubscribe_is_refused(
+    server: ServerProcess,
+) -> None:
+    session = RemoteSession.create(server.base_url)
+    client = await _ws(server).connect()
+    await client.subscribe(1, session.id, session.read_token)
+    await client.reply(1)
+    status, closed = await asyncio.to_thread(
+        request_json, "POST", f"{server.base_url}/session/{session.id}/close", None,
+        session.publish_token,
+    )  # fmt: skip
+    assert status == 200, closed
+    await client.read_until(lambda c: "session_closed" in types(c.frames[session.id]), WAIT_S)
+    await client.subscribe(2, session.id, session.read_token)
+    assert (await client.reply(2))["error"]["code"] == "session_closed"
+    await client.close()
+
+
+@pytest.mark.asyncio
+async def test_a_socket_that_takes_nothing_for_the_writer_idle_timeout_is_dropped(
+    e2e_database: Path, tmp_path: Path
+) -> None:
+    server = _start(
+        "serve", e2e_database, tmp_path,
+        QWENWEB_WRITER_IDLE_TIMEOUT_S="2", QWENWEB_TCP_USER_TIMEOUT_S="0",
+        QWENWEB_MAX_QUEUED_BYTES=str(64 * MIB),  # no overflow: only the idle bound can end it
+    )  # fmt: skip
+    try:
+        session = RemoteSession.create(server.base_url)
+        frozen = await _ws(server).connect(max_queue=1)
+        await frozen.subscribe(1, session.id, session.read_token)
+        await frozen.reply(1)
+        blob = _incompressible(60 * 1024)
+        for index in range(120):
+            await asyncio.to_thread(session.publish, "blob", {"i": index, "pad": blob})
+        async with asyncio.timeout(WAIT_S):
+            while (await asyncio.to_thread(session.load))["subscriberCount"]:
+                await asyncio.sleep(0.2)
+        assert "ws_writer_idle" in server.log()
+        assert "reason=client_evicted detail=writer_idle_timeout" in server.log()
+        frozen.connection.transport.abort()
+        await frozen.close()
     finally:
         server.stop()
