@@ -1,5 +1,6 @@
 """ASGI entry point: Channels routes the event stream in front of Django (EB-22).
 
+``GET /ws`` (a WebSocket) goes to :class:`sessions.transport.websocket.WebSocketRoute`.
 ``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventsRoute`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
@@ -27,15 +28,19 @@ from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.body_deadline import BodyDeadline  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
 from sessions.transport.stream import SessionEventsRoute  # noqa: E402
+from sessions.transport.websocket import WebSocketRoute  # noqa: E402
 
 # Typed loosely: django-stubs' path() only knows Django views, not ASGI applications.
 stream_application: Any = SessionEventsRoute(django_application)
+websocket_application: Any = WebSocketRoute()
 
 router = ProtocolTypeRouter(
     {
         # Startup attaches the server loop, shutdown ends the streams and flushes the
         # records (sessions.ops.lifecycle.LifespanApp).
         "lifespan": lifespan_app,
+        # GET /ws: many sessions over one WebSocket (sessions.transport.websocket).
+        "websocket": URLRouter([path("ws", websocket_application)]),
         "http": ProbeApplication(
             URLRouter(
                 [

@@ -119,7 +119,7 @@ def granian_options(
         "interface": Interfaces.ASGI,
         "loop": Loops.uvloop,
         "http": HTTPModes.auto,
-        "websockets": False,
+        "websockets": True,
         "workers": workers,
         "backlog": config.server_backlog,
         "backpressure": max(1, min(fd_limit, MAX_BACKPRESSURE)),

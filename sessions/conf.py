@@ -96,6 +96,12 @@ ENV_OVERRIDES: Final = {
     "REQUEST_HEADER_TIMEOUT_S": "QWENWEB_REQUEST_HEADER_TIMEOUT_S",
     "REQUEST_BODY_TIMEOUT_S": "QWENWEB_REQUEST_BODY_TIMEOUT_S",
     "LOGIN_MAX_FAILURES": "QWENWEB_LOGIN_MAX_FAILURES",
+    "WS_MAX_SUBSCRIPTIONS": "QWENWEB_WS_MAX_SUBSCRIPTIONS",
+    "WS_COMMAND_BURST": "QWENWEB_WS_COMMAND_BURST",
+    "WS_COMMAND_RATE_PER_S": "QWENWEB_WS_COMMAND_RATE_PER_S",
+    "WS_MAX_MESSAGE_BYTES": "QWENWEB_WS_MAX_MESSAGE_BYTES",
+    "WS_MAX_SOCKETS_PER_USER": "QWENWEB_WS_MAX_SOCKETS_PER_USER",
+    "WS_MAX_UNSENT_BYTES": "QWENWEB_WS_MAX_UNSENT_BYTES",
     "LOGIN_LOCKOUT_S": "QWENWEB_LOGIN_LOCKOUT_S",
     "ANONYMOUS_BODY_TIMEOUT_S": "QWENWEB_ANONYMOUS_BODY_TIMEOUT_S",
     "SERVER_BACKLOG": "QWENWEB_SERVER_BACKLOG",
@@ -175,6 +181,16 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "ANONYMOUS_BODY_TIMEOUT_S": 5.0,
     # Failed logins per username and per address before a lockout (sessions.login_throttle).
     "LOGIN_MAX_FAILURES": 10,
+    # The WebSocket transport (docs/protocol.md, "The WebSocket transport"): a socket may
+    # carry 256 subscriptions and resubscribe them all in one burst of commands.
+    "WS_MAX_SUBSCRIPTIONS": 256,
+    "WS_COMMAND_BURST": 300,
+    "WS_COMMAND_RATE_PER_S": 50.0,
+    "WS_MAX_MESSAGE_BYTES": 65_536,
+    "WS_MAX_SOCKETS_PER_USER": 32,
+    # A socket's kernel send queue (unacknowledged bytes) above this: its writer waits
+    # (sessions.transport.unsent; uvicorn's and daphne's send do not wait themselves).
+    "WS_MAX_UNSENT_BYTES": _MIB,
     "LOGIN_LOCKOUT_S": 900,
     "SERVER_BACKLOG": 4096,
     # Memory and quotas (docs/protocol.md "Ring limits" and "Quotas"; docs/capacity.md).
@@ -243,6 +259,12 @@ _RANGES: Final[dict[str, tuple[type, float, float]]] = {
     "REQUEST_BODY_TIMEOUT_S": (float, 0.1, 3600),
     "ANONYMOUS_BODY_TIMEOUT_S": (float, 0.1, 3600),
     "LOGIN_MAX_FAILURES": (int, 1, 1_000_000),
+    "WS_MAX_SUBSCRIPTIONS": (int, 1, 100_000),
+    "WS_COMMAND_BURST": (int, 1, 1_000_000),
+    "WS_COMMAND_RATE_PER_S": (float, 0.01, 1_000_000),
+    "WS_MAX_MESSAGE_BYTES": (int, 1024, 65_536),
+    "WS_MAX_SOCKETS_PER_USER": (int, 1, 100_000),
+    "WS_MAX_UNSENT_BYTES": (int, 65_536, 64 * _MIB),
     "LOGIN_LOCKOUT_S": (int, 1, 7 * 24 * 3600),
     # The listen queue (the kernel caps it at net.core.somaxconn).
     "SERVER_BACKLOG": (int, 128, 65_535),
@@ -355,6 +377,15 @@ class QwenwebConfig:
     #: Failed logins of one username or from one address within ``login_lockout_s``
     #: seconds that lock them out for the rest of that time.
     login_max_failures: int
+    #: The WebSocket transport's limits: subscriptions per socket, the command bucket
+    #: (burst, refill per second), the largest client message (bytes), sockets per user.
+    ws_max_subscriptions: int
+    ws_command_burst: int
+    ws_command_rate_per_s: float
+    ws_max_message_bytes: int
+    ws_max_sockets_per_user: int
+    #: A socket's writer waits while its kernel send queue holds more than this (bytes).
+    ws_max_unsent_bytes: int
     login_lockout_s: int
     #: ``python -m qwenweb.serve`` (granian): the listen backlog of its socket.
     server_backlog: int

@@ -49,7 +49,8 @@ class ConnectionInfo:
 
     ``auth`` is ``"token"`` or ``"login"``; ``user_id`` is None for a token;
     ``subject`` is the token's subject or the user name; ``resumed_from`` the
-    ``Last-Event-ID`` cursor (None without one); strings are already sanitized for logs.
+    ``Last-Event-ID`` cursor (None without one); ``transport`` ``"sse"`` or ``"ws"``;
+    strings are already sanitized for logs.
     """
 
     id: uuid.UUID
@@ -62,6 +63,7 @@ class ConnectionInfo:
     client_id: str
     max_queued: int
     resumed_from: int | None
+    transport: str = "sse"
 
     @property
     def label(self) -> str:

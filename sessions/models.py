@@ -168,6 +168,12 @@ class SubscriberConnection(models.Model):
         max_length=200, blank=True, help_text="The X-Client-Id request header, if sent."
     )
     max_queued = models.PositiveIntegerField()
+    transport = models.CharField(
+        max_length=4,
+        choices=(("sse", "Server-Sent Events"), ("ws", "WebSocket")),
+        default="sse",
+        help_text="How the subscriber is connected: an SSE stream or a WebSocket subscription.",
+    )
     resumed_from = models.BigIntegerField(
         null=True, blank=True, help_text="The Last-Event-ID the client sent (valid ones only)."
     )

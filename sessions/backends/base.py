@@ -162,10 +162,10 @@ def subscriber_row(
 ) -> dict[str, Any]:
     """One row of :meth:`Backend.list_subscribers` for an attached ``subscription``.
 
-    Shape: ``{"id", "process", "user", "clientId", "address", "since" (epoch s),
-    "lastEventId" (None before any event), "lag" (events behind the head),
-    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId`` and
-    ``address`` come from the details the transport attached (``""`` when none);
+    Shape: ``{"id", "process", "user", "clientId", "address", "transport", "since"
+    (epoch s), "lastEventId" (None before any event), "lag" (events behind the head),
+    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId``, ``address``
+    and ``transport`` (``sse``/``ws``) come from the transport's details (``""`` if none);
     ``bytesPerSecond`` is the caller's sample (:class:`~sessions.backends.rates.ByteRates`).
     Never raises, never touches more than the queue's counters.
     """
@@ -179,6 +179,7 @@ def subscriber_row(
         "user": str(details.get("user", "")),
         "clientId": str(details.get("clientId", "")),
         "address": str(details.get("address", "")),
+        "transport": str(details.get("transport", "sse")),
         "since": subscription.since,
         "lastEventId": last_sent,
         "lag": max(0, head - (last_sent if last_sent is not None else live.bus.start_id - 1)),

@@ -219,7 +219,7 @@ def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
     """``GET /ops/sessions/<id>/records``: the records of one session, newest first.
 
     Staff only (403 JSON otherwise). Shape: ``{"session": id, "connections": [{"id",
-    "auth", "subject", "clientAddr", "userAgent", "clientId", "maxQueued",
+    "auth", "subject", "clientAddr", "userAgent", "clientId", "maxQueued", "transport",
     "resumedFrom", "openedAt", "closedAt", "framesSent", "bytesSent", "endReason",
     "endDetail", "endPayload"}], "incidents": [{"id", "connection", "kind", "reason",
     "eventId", "at", "payload"}]}`` — at most 200 of each. ``payload`` and
@@ -241,6 +241,7 @@ def session_records(request: HttpRequest, session_id: str) -> JsonResponse:
             "userAgent": c.user_agent,
             "clientId": c.client_id,
             "maxQueued": c.max_queued,
+            "transport": c.transport,
             "resumedFrom": c.resumed_from,
             "openedAt": c.opened_at.isoformat(),
             "closedAt": c.closed_at.isoformat() if c.closed_at else None,

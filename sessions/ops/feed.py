@@ -276,6 +276,7 @@ class OperatorFeed(Listener):
             clientAddr=info.client_addr,
             clientId=info.client_id,
             maxQueued=info.max_queued,
+            transport=info.transport,
         )
         return _FeedObserver(self, info)
 

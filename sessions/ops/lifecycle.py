@@ -93,7 +93,7 @@ from sessions.ops.feed import feed
 from sessions.ops.parent_death import PARENT_DEATH_SIGNAL
 from sessions.ops.records import recorder
 from sessions.process_state import process_state
-from sessions.transport.stream import drain_frame, drain_retry_ms
+from sessions.transport.admission import drain_frame, drain_retry_ms
 
 __all__ = [
     "DRAIN_SIGNAL",
@@ -391,7 +391,7 @@ async def drain(drain_s: float) -> int:
     with ``stream_error`` ``server_draining``; for good: a drained process is expected to
     stop). The open streams, in random order, each
     end at its own moment of the window (one per ``drain_s / n`` slice, uniformly within
-    it) with the terminal frame :func:`~sessions.transport.stream.drain_frame` and a
+    it) with the terminal frame :func:`~sessions.transport.admission.drain_frame` and a
     ``retry:`` drawn from ``DRAIN_RETRY_MS``: their clients come back to the other
     processes spread over the window, never in one burst. Never raises.
     """

@@ -109,6 +109,11 @@ class Families:
             "qwenweb_subscribers", "Open event streams.", registry=registry,
             multiprocess_mode="livesum",
         )  # fmt: skip
+        self.websocket_subscribers = Gauge(
+            "qwenweb_websocket_subscribers",
+            "Open WebSocket subscriptions (also counted in qwenweb_subscribers).",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.sessions_loaded = Gauge(
             "qwenweb_sessions_loaded", "Sessions with a bus loaded in memory.",
             registry=registry, multiprocess_mode="livesum",
@@ -228,12 +233,13 @@ class StreamMeter(ConnectionObserver):
     resumed stream are replay, not live: they are not sampled for the latency.
     """
 
-    __slots__ = ("_closed", "_replaying", "_totals")
+    __slots__ = ("_closed", "_replaying", "_totals", "_websocket")
 
-    def __init__(self, totals: _Totals, resumed: bool) -> None:
+    def __init__(self, totals: _Totals, resumed: bool, *, websocket: bool = False) -> None:
         self._totals = totals
         self._replaying = resumed
         self._closed = False
+        self._websocket = websocket
 
     def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
         totals = self._totals
@@ -259,6 +265,8 @@ class StreamMeter(ConnectionObserver):
         if not self._closed:
             self._closed = True
             families().subscribers.dec()
+            if self._websocket:
+                families().websocket_subscribers.dec()
 
 
 def _stream_error_code(frame: Frame) -> str:
@@ -290,7 +298,10 @@ class Metrics(Listener):
 
     def connection_opened(self, info: ConnectionInfo) -> ConnectionObserver:
         families().subscribers.inc()
-        return StreamMeter(self._totals, info.resumed_from is not None)
+        websocket = info.transport == "ws"
+        if websocket:
+            families().websocket_subscribers.inc()
+        return StreamMeter(self._totals, info.resumed_from is not None, websocket=websocket)
 
     def event_published(self, session_id: str) -> None:
         self._totals.published += 1

@@ -160,7 +160,7 @@ class ConnectionRecord(ConnectionObserver):
             self.end_detail = "client_evicted frame never written"
         stream_logger.info(
             "stream_closed session=%s subscriber=%s reason=%s detail=%s duration_s=%.3f "
-            "frames=%d bytes=%d auth=%s client=%s",
+            "frames=%d bytes=%d auth=%s client=%s transport=%s",
             self.session_id,
             self.info.label,
             reason,
@@ -170,6 +170,7 @@ class ConnectionRecord(ConnectionObserver):
             self.bytes_sent,
             self.info.auth,
             self.info.client_addr or "-",
+            self.info.transport,
         )
         self.recorder.connection_closed(self)
 

@@ -55,6 +55,7 @@ __all__ = [
     "connection_sockets",
     "granian_http2_keepalive_args",
     "socket_options",
+    "tcp_sockets",
 ]
 
 logger = logging.getLogger("qwenweb.stream")
@@ -122,7 +123,7 @@ class _Found:
     local: tuple[str, int]
 
 
-def _tcp_sockets() -> Iterator[_Found]:
+def tcp_sockets() -> Iterator[_Found]:
     """This process's TCP sockets (each a dup the caller closes)."""
     try:
         names = os.listdir(_FD_DIR)
@@ -275,7 +276,7 @@ class PeerTimeouts:
             return
         self.done = True
         assert self.user_timeout_s is not None
-        found = list(_tcp_sockets())
+        found = list(tcp_sockets())
         try:
             ports = set()
             for item in found:

@@ -1,5 +1,10 @@
 """The pump: a subscription's frames to ASGI ``send``, with heartbeats (EB-18, EB-21).
 
+Every transport runs this pump; what differs is the :class:`Framer`, which turns frames
+into ASGI messages (SSE: body chunks of ``text/event-stream``; WebSocket: one text
+message per frame) and says what a heartbeat is. How a connection ends stays the
+transport's.
+
 Overflow policy
     The pump drains the subscriber queue only as fast as ``send`` returns, so a server
     whose ``send`` waits on the socket turns a client that stops reading into a full
@@ -15,16 +20,17 @@ Overflow policy
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, Protocol
 
 from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import ASGISendEvent as Message
 
-from sessions.bus import Subscription
+from sessions.bus import Frame, Subscription
 from sessions.hooks import ConnectionObserver
 from sessions.wire import HEARTBEAT, FrameEncoder
 
-__all__ = ["MAX_BATCH_BYTES", "WriterIdleTimeoutError", "pump_frames"]
+__all__ = ["MAX_BATCH_BYTES", "Framer", "SseFramer", "WriterIdleTimeoutError", "pump_frames"]
 
 
 MAX_BATCH_BYTES: Final = 256 * 1024
@@ -32,6 +38,54 @@ MAX_BATCH_BYTES: Final = 256 * 1024
 may be larger)."""
 
 _NOBODY = ConnectionObserver()
+
+
+class Framer(Protocol):
+    """How one transport writes frames: the only part of the pump that differs.
+
+    ``encode(frame)`` returns ``(wire, payload)``: the frame's bytes as this transport
+    writes them, and the compact JSON of its envelope exactly as SSE's ``data:`` line
+    carries it (what the operator side records). ``messages(wires)`` returns the ASGI
+    messages that write those frames in order. ``heartbeat()`` returns the message to
+    write after ``heartbeat_interval_s`` of silence and its size in bytes, or None when
+    the transport keeps the connection alive elsewhere (the WebSocket's socket writer).
+    Implementations never await and never raise.
+    """
+
+    def encode(self, frame: Frame) -> tuple[bytes, bytes]: ...
+
+    def messages(self, wires: list[bytes]) -> Sequence[Message]: ...
+
+    def heartbeat(self) -> tuple[Message, int] | None: ...
+
+
+class SseFramer:
+    """SSE framing (EB-18): one body chunk per batch, ``: heartbeat`` comments.
+
+    ``encoder`` frames the events (one per process shares its cache across streams).
+    """
+
+    __slots__ = ("encoder",)
+
+    def __init__(self, encoder: FrameEncoder) -> None:
+        self.encoder = encoder
+
+    def encode(self, frame: Frame) -> tuple[bytes, bytes]:
+        """``(the SSE block, the JSON of its data: line)``."""
+        if frame.id is None:
+            return self.encoder.synthetic(frame)
+        return self.encoder.event(frame), frame.json or b""
+
+    def messages(self, wires: list[bytes]) -> Sequence[Message]:
+        """One ``http.response.body`` chunk holding every block."""
+        return ({"type": "http.response.body", "body": b"".join(wires), "more_body": True},)
+
+    def heartbeat(self) -> tuple[Message, int] | None:
+        """The ``: heartbeat`` comment chunk."""
+        return _SSE_HEARTBEAT, len(HEARTBEAT)
+
+
+_SSE_HEARTBEAT: Message = {"type": "http.response.body", "body": HEARTBEAT, "more_body": True}
 
 
 class WriterIdleTimeoutError(Exception):
@@ -118,6 +172,7 @@ async def pump_frames(
     *,
     encoder: FrameEncoder | None = None,
     evicted_linger_s: float | None = None,
+    framer: Framer | None = None,
 ) -> None:
     """Write every frame of ``subscription`` to ``send`` until it ends (EB-18).
 
@@ -126,7 +181,8 @@ async def pump_frames(
     produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
     comment is written. Once ``send`` returned, ``observer`` is told about each frame
     (the frame, its wire bytes, the JSON of its ``data:`` line) and each heartbeat.
-    ``encoder`` frames the events (one per process shares its cache across streams).
+    ``encoder`` frames the events (one per process shares its cache across streams);
+    ``framer`` turns them into messages (default :class:`SseFramer` over ``encoder``).
     After each ``send`` returned, its size is added to ``subscription.bytes_sent`` (one
     integer add per batch or heartbeat, for operators' bytes per second).
 
@@ -142,8 +198,8 @@ async def pump_frames(
     # encoder per stream would frame every event once per subscriber.
     if observer is None:
         observer = _NOBODY
-    if encoder is None:
-        encoder = FrameEncoder()
+    if framer is None:
+        framer = SseFramer(encoder if encoder is not None else FrameEncoder())
     linger_s = evicted_linger_s if evicted_linger_s is not None else writer_idle_timeout_s or 0.0
     watch = (
         None
@@ -151,7 +207,7 @@ async def pump_frames(
         else _IdleWatch(writer_idle_timeout_s, subscription, linger_s)
     )
     try:
-        await _pump(subscription, send, heartbeat_interval_s, observer, encoder, watch)
+        await _pump(subscription, send, heartbeat_interval_s, observer, framer, watch)
     except asyncio.CancelledError:
         # The watch cancelled the task (and nobody else did): the socket took nothing.
         task = asyncio.current_task()
@@ -168,7 +224,7 @@ async def _pump(
     send: Send,
     heartbeat_interval_s: float,
     observer: ConnectionObserver,
-    encoder: FrameEncoder,
+    framer: Framer,
     watch: _IdleWatch | None,
 ) -> None:
     while True:
@@ -177,37 +233,30 @@ async def _pump(
         except StopAsyncIteration:
             return
         if frame is None:
-            heartbeat: Message = {
-                "type": "http.response.body",
-                "body": HEARTBEAT,
-                "more_body": True,
-            }
-            await _send_watched(send, heartbeat, watch)
-            subscription.bytes_sent += len(HEARTBEAT)
-            observer.bytes_written(len(HEARTBEAT))
+            heartbeat = framer.heartbeat()
+            if heartbeat is not None:
+                await _send_watched(send, heartbeat[0], watch)
+                subscription.bytes_sent += heartbeat[1]
+                observer.bytes_written(heartbeat[1])
             continue
         frames = []
-        chunks = []
+        wires = []
         payloads = []
         size = 0
         while True:
-            if frame.id is None:
-                chunk, payload = encoder.synthetic(frame)
-            else:
-                chunk = encoder.event(frame)
-                payload = frame.json or b""
+            wire, payload = framer.encode(frame)
             frames.append(frame)
-            chunks.append(chunk)
+            wires.append(wire)
             payloads.append(payload)
-            size += len(chunk)
+            size += len(wire)
             if size >= MAX_BATCH_BYTES:
                 break
             queued = subscription.next_nowait()
             if queued is None:
                 break
             frame = queued
-        body: Message = {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
-        await _send_watched(send, body, watch)
-        subscription.bytes_sent += size  # one add per send: operators' bytes per second
+        for message in framer.messages(wires):
+            await _send_watched(send, message, watch)
+        subscription.bytes_sent += size  # one add per batch: operators' bytes per second
         for index, written in enumerate(frames):
-            observer.frame_written(written, chunks[index], payloads[index])
+            observer.frame_written(written, wires[index], payloads[index])

@@ -23,117 +23,60 @@ What it announces
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import secrets
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from importlib import import_module
 from typing import Any, Final, cast
 from urllib.parse import parse_qs
 
 from asgiref.typing import ASGIReceiveCallable as Receive
 from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import HTTPScope as Scope
-from channels.auth import get_user
-from django.conf import settings
-from django.db import DatabaseError
-from django.http.cookie import parse_cookie
-from django.http.request import split_domain_port, validate_host
 
-from sessions.auth import (
-    Principal,
-    authenticate,
-    check_access,
-    check_access_by_row,
-    check_token_scope,
-    ensure_current,
-)
 from sessions.backends import get_backend
-from sessions.backends.base import (
-    OPERATOR_DISCONNECT,
-    Backend,
-    BackendUnavailableError,
-    LiveSession,
-    SessionClosedError,
-    SessionNotFoundError,
-)
-from sessions.backends.revoked_streams import expired_frame, stream_details
-from sessions.bus import (
-    DEFAULT_MAX_QUEUED,
-    MAX_QUEUED_MAX,
-    MAX_QUEUED_MIN,
-    Frame,
-    SubscriberLimitExceededError,
-    Subscription,
-    synthetic_frame,
-)
+from sessions.backends.base import Backend, LiveSession, SessionClosedError
+from sessions.bus import synthetic_frame
 from sessions.conf import get_config
 from sessions.cors import cors_headers, is_preflight
-from sessions.errors import ApiError, backend_unavailable, error_headers
-from sessions.hooks import ConnectionInfo, ConnectionObserver, Hooks, hooks
-from sessions.models import SubscriberConnection, normalize_session_id
+from sessions.errors import ApiError, error_headers
+from sessions.hooks import ConnectionObserver, Hooks, hooks
 from sessions.process_state import process_state
+from sessions.transport.admission import (
+    CLIENT_DISCONNECT,
+    LIMIT_RETRY_MS,
+    SERVER_SHUTDOWN,
+    STREAM_ERROR,
+    AdmissionRequest,
+    Subscribed,
+    SubscriberLimitError,
+    admit,
+    drain_frame,
+    drain_retry_ms,
+    host_allowed,
+    login_user_from_cookie,
+    max_queued_or_error,
+)
 from sessions.transport.compressed import GZIP_HEADERS, CompressedSend, stream_codec
 from sessions.transport.evicted_linger import Linger
 from sessions.transport.peer_timeout import PeerTimeouts
-from sessions.transport.pump import WriterIdleTimeoutError, pump_frames
+from sessions.transport.pump import SseFramer, WriterIdleTimeoutError, pump_frames
 from sessions.wire import (
     DEFAULT_RETRY_MS,
     FrameEncoder,
     encode_retry,
-    parse_epoch,
-    parse_last_event_id,
     sanitize_for_log,
 )
 
-__all__ = [
-    "DRAIN_RETRY_MS",
-    "LIMIT_RETRY_MS",
-    "SessionEventsRoute",
-    "drain_frame",
-    "drain_retry_ms",
-]
+__all__ = ["SessionEventsRoute"]
 
 logger = logging.getLogger("qwenweb.stream")
 
 
-LIMIT_RETRY_MS: Final = 5000
-"""``retry:`` (ms) of the EB-16 answer when the subscriber limit is reached."""
-DRAIN_RETRY_MS: Final = (1000, 3000)
-"""Range (ms) of the jittered ``retry:`` of a stream ended or refused by the drain: clients
-of one process never come back in step (docs/protocol.md, "Graceful drain")."""
 _STREAM_HEADERS: Final = (
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
     (b"vary", b"accept-encoding"),
 )
-
-_CLIENT_DISCONNECT: Final = SubscriberConnection.EndReason.CLIENT_DISCONNECT.value
-_STREAM_ERROR: Final = SubscriberConnection.EndReason.STREAM_ERROR.value
-_SERVER_DISCONNECT: Final = SubscriberConnection.EndReason.SERVER_DISCONNECT.value
-_SERVER_SHUTDOWN: Final = SubscriberConnection.EndReason.SERVER_SHUTDOWN.value
-_OPERATOR_DISCONNECT: Final = SubscriberConnection.EndReason.OPERATOR_DISCONNECT.value
-_BUS_END_REASONS: Final = {
-    "evicted": SubscriberConnection.EndReason.CLIENT_EVICTED.value,
-    "closed": SubscriberConnection.EndReason.SESSION_CLOSED.value,
-    "disconnected": SubscriberConnection.EndReason.SERVER_DISCONNECT.value,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Admission:
-    """What the checks of EB-12 ... EB-15 found: the session, the cursor, who is asking."""
-
-    live: LiveSession
-    last_event_id: int | None
-    epoch: str | None
-    max_queued: int
-    principal: Principal
-    codec: str | None  # EB-17: "gzip" or None
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -170,6 +113,7 @@ class SessionEventsRoute:
         self._backend = backend
         self.hooks = hooks
         self.encoder = FrameEncoder()
+        self.framer = SseFramer(self.encoder)
         self._peer_timeouts: PeerTimeouts | None = None
 
     @property
@@ -198,42 +142,44 @@ class SessionEventsRoute:
         if self._peer_timeouts is None:  # half-open peers: the kernel's TCP_USER_TIMEOUT
             self._peer_timeouts = PeerTimeouts(backend.config.peer_timeout_s)
         self._peer_timeouts.ensure()
+        codec: str | None = None
+        option_error: ApiError | None = None
         try:
-            admission = await self._admit(backend, scope, session_id, headers)
+            codec = stream_codec(  # EB-17
+                backend.config.stream_compression,
+                headers.get(b"accept-encoding"),
+                scope.get("query_string", b""),
+            )
+        except ApiError as refusal:
+            option_error = refusal
+        request = AdmissionRequest(
+            session_id=session_id,
+            authorization=headers.get(b"authorization"),
+            load_user=lambda: login_user_from_cookie(headers.get(b"cookie")),
+            last_event_id=headers.get(b"last-event-id"),
+            epoch=headers.get(b"x-event-epoch"),
+            max_queued=_max_queued(scope.get("query_string", b"")),
+            client_id=sanitize_for_log(headers.get(b"x-client-id"), 200),
+            client_addr=str((scope.get("client") or [""])[0] or ""),
+            user_agent=sanitize_for_log(headers.get(b"user-agent"), 300),
+            option_error=option_error,
+        )
+        try:
+            if not host_allowed(headers.get(b"host"), scope.get("server")):
+                # what Django's get_host() does for its views
+                raise ApiError(400, "disallowed_host", "the Host header is not in ALLOWED_HOSTS")
+            admitted = await admit(backend, request)
         except ApiError as reject:
             await self._reject(send, scope, session_id, reject, cors)
             return
         except SessionClosedError:
             await _no_content(send, cors)
             return
-        live = admission.live
-        connection_id = uuid.uuid4()
-        info = _connection_info(connection_id, scope, headers, admission)
-        try:
-            live, subscription = await backend.subscribe(
-                live,
-                last_event_id=admission.last_event_id,
-                max_queued=admission.max_queued,
-                epoch=admission.epoch,
-                label=info.label,
-                details={
-                    "user": info.subject,
-                    "clientId": info.client_id,
-                    "address": info.client_addr,
-                    **_credential_details(admission.principal, live.owner_id),
-                },
-            )
-        except SubscriberLimitExceededError as exc:
-            await self._limit_reached(send, live, exc.limit, cors)
+        except SubscriberLimitError as limit:
+            await self._limit_reached(send, limit.live, limit.limit, cors)
             return
-        except SessionClosedError:
-            await _no_content(send, cors)
-            return
-        except BackendUnavailableError as exc:
-            await self._reject(send, scope, session_id, backend_unavailable(exc), cors)
-            return
+        live = admitted.live
         observer: ConnectionObserver | None = None
-        expiry = _end_at_expiry(live, subscription, admission.principal)
         try:
             await send(
                 {
@@ -243,7 +189,7 @@ class SessionEventsRoute:
                     "headers": [
                         *_STREAM_HEADERS,
                         (b"x-event-epoch", live.bus.epoch.encode()),
-                        *(GZIP_HEADERS if admission.codec else ()),
+                        *(GZIP_HEADERS if codec else ()),
                         *cors,
                     ],
                 }
@@ -251,8 +197,8 @@ class SessionEventsRoute:
             if scope["method"] == "HEAD":
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            observer = self.hooks.connection_opened(info)
-            body_send = CompressedSend(send) if admission.codec else None
+            observer = self.hooks.connection_opened(admitted.info)
+            body_send = CompressedSend(send) if codec else None
             # daphne sends no headers until the first body bytes: write retry now (EB-18).
             retry = encode_retry(DEFAULT_RETRY_MS)
             await (body_send or send)(
@@ -260,74 +206,28 @@ class SessionEventsRoute:
             )
             if body_send is not None:
                 body_send.release()  # a stream that stays idle holds no context (EB-17)
-            subscription.bytes_sent += len(retry)
+            admitted.subscription.bytes_sent += len(retry)
             observer.bytes_written(len(retry))
             reason, detail = await self._serve(
-                subscription, receive, body_send or send, live, observer, scope
+                admitted, receive, body_send or send, observer, scope
             )
             observer.closed(reason, detail)
         except asyncio.CancelledError:
             if observer is not None:  # the server cancels its streams when it shuts down
-                observer.closed(_SERVER_SHUTDOWN)
+                observer.closed(SERVER_SHUTDOWN)
             raise
         except Exception as exc:
             if observer is not None:  # `send` of the headers or retry line failed
-                observer.closed(_STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+                observer.closed(STREAM_ERROR, f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            subscription.abort()
-            if expiry is not None:
-                expiry.cancel()
-
-    async def _admit(
-        self, backend: Backend, scope: Scope, raw_session_id: str, headers: dict[bytes, bytes]
-    ) -> _Admission:
-        """Run the checks of EB-12 ... EB-15 in order; raise ``ApiError`` on the first failure.
-
-        Raises ``SessionClosedError`` (a 204) for a closed session the caller may read.
-        """
-        if not _host_allowed(scope, headers):  # what Django's get_host() does for its views
-            raise ApiError(400, "disallowed_host", "the Host header is not in ALLOWED_HOSTS")
-        session_id = normalize_session_id(raw_session_id)
-        principal = await authenticate(  # EB-12; revocation is checked after the lookup
-            headers.get(b"authorization"), lambda: _login_user(headers), check_versions=False
-        )
-        check_token_scope(principal, session_id or "", "read")
-        last_event_id, epoch = _cursor(headers, raw_session_id)  # EB-13
-        max_queued = _parse_max_queued(scope.get("query_string", b""))  # EB-14
-        codec = stream_codec(  # EB-17
-            backend.config.stream_compression,
-            headers.get(b"accept-encoding"),
-            scope.get("query_string", b""),
-        )
-        if session_id is None:  # EB-15
-            raise ApiError(404, "not_found", "unknown session")
-        try:
-            live = await backend.get_live_session(session_id)
-        except SessionNotFoundError:
-            raise ApiError(404, "not_found", "unknown session") from None
-        except BackendUnavailableError as exc:
-            await check_access_by_row(principal, session_id, "read")  # an outage tells no ids
-            raise backend_unavailable(exc) from None
-        except SessionClosedError as closed:
-            check_access(principal, session_id, closed.owner_id, "read")  # EB-12 before EB-15
-            raise
-        check_access(principal, session_id, live.owner_id, "read")
-        # A closed session answered 204 above whatever the token's version: the client stops.
-        try:
-            await ensure_current(principal)
-        except DatabaseError as exc:
-            raise ApiError(
-                503, "unavailable", "the database is busy; try again", log_extra=f" error={exc!r}"
-            ) from None
-        return _Admission(live, last_event_id, epoch, max_queued, principal, codec)
+            admitted.release()
 
     async def _serve(
         self,
-        subscription: Subscription,
+        admitted: Subscribed,
         receive: Receive,
         send: Send,
-        live: LiveSession,
         observer: ConnectionObserver,
         scope: Scope,
     ) -> tuple[str, str]:
@@ -338,6 +238,7 @@ class SessionEventsRoute:
         writing more: its socket takes nothing.
         """
         config = self.backend.config
+        subscription, live = admitted.subscription, admitted.live
         disconnected = False
 
         async def watch() -> None:
@@ -358,14 +259,14 @@ class SessionEventsRoute:
                 config.stream_heartbeat_s,  # capped by the peer timeout
                 observer,
                 writer_idle_timeout_s=config.writer_idle_timeout_s,
-                encoder=self.encoder,
+                framer=self.framer,
                 evicted_linger_s=config.evicted_linger_s,
             )
         except WriterIdleTimeoutError as idle:
             linger.expired()  # an evicted reader's linger ran out: reset, not an orphan
             if not disconnected:
                 live.bus.evict(subscription, "writer_idle_timeout", idleS=idle.idle_s)
-                reason, _ = self._ended_by_bus(subscription) or (_STREAM_ERROR, "")
+                reason, _ = admitted.ended_by_bus() or (STREAM_ERROR, "")
                 return reason, "writer_idle_timeout"
         except Exception as exc:
             error = exc
@@ -376,7 +277,7 @@ class SessionEventsRoute:
             await asyncio.gather(watcher, return_exceptions=True)
         if disconnected:
             # The client went away: nothing more to write, nothing to log.
-            return self._ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
+            return admitted.ended_by_bus() or (CLIENT_DISCONNECT, "")
         if error is not None:  # EB-19
             detail = f"{type(error).__name__}: {sanitize_for_log(str(error), 200)}"
             logger.error(
@@ -392,24 +293,9 @@ class SessionEventsRoute:
                 observer.frame_written(frame, body, payload)
             except Exception:  # the connection itself may be what failed
                 logger.debug("stream_error frame could not be written", exc_info=True)
-            return _STREAM_ERROR, detail
+            return STREAM_ERROR, detail
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return self._ended_by_bus(subscription) or (_CLIENT_DISCONNECT, "")
-
-    def _ended_by_bus(self, subscription: Subscription) -> tuple[str, str] | None:
-        """The end reason when the bus ended the subscription (EB-5, EB-9), else None.
-
-        A subscriber disconnected while the server shuts down ended because of the
-        shutdown; one an operator disconnected (``end_note`` reason
-        ``operator_disconnect``) is ``(operator_disconnect, "by <who>")``.
-        """
-        reason = _BUS_END_REASONS.get(subscription.end_reason or "")
-        if reason == _SERVER_DISCONNECT and process_state.shutting_down:
-            reason = _SERVER_SHUTDOWN
-        note = subscription.end_note
-        if reason == _SERVER_DISCONNECT and note and note.get("reason") == OPERATOR_DISCONNECT:
-            return _OPERATOR_DISCONNECT, f"by {note.get('by') or 'an operator'}"
-        return (reason, "") if reason is not None else None
+        return admitted.ended_by_bus() or (CLIENT_DISCONNECT, "")
 
     async def _limit_reached(
         self, send: Send, live: LiveSession, limit: int, cors: list[tuple[bytes, bytes]]
@@ -507,30 +393,6 @@ class SessionEventsRoute:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def drain_retry_ms() -> int:
-    """A reconnection time drawn uniformly from :data:`DRAIN_RETRY_MS` (ms)."""
-    low, high = DRAIN_RETRY_MS
-    return low + secrets.randbelow(high - low + 1)
-
-
-def drain_frame(retry_ms: int) -> Frame:
-    """The terminal frame of a stream the drain ends or refuses (``server_draining``).
-
-    Shape: ``{"v": 1, "type": "stream_error", "data": {"error": ..., "code":
-    "server_draining", "retryAfterMs": retry_ms}}``; its block starts with ``retry:
-    <retry_ms>`` (a ``RetryFrame``), so every client reconnects after its own time.
-    """
-    return synthetic_frame(
-        "stream_error",
-        {
-            "error": "the server is shutting down; reconnect",
-            "code": "server_draining",
-            "retryAfterMs": retry_ms,
-        },
-        retry_ms=retry_ms,
-    )
-
-
 def _text(raw: bytes | None) -> str | None:
     return raw.decode("latin-1") if raw is not None else None
 
@@ -556,27 +418,6 @@ async def _no_content(send: Send, cors: list[tuple[bytes, bytes]]) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _cursor(headers: dict[bytes, bytes], session_id: str) -> tuple[int | None, str | None]:
-    """EB-13: the strict ``Last-Event-ID`` and ``X-Event-Epoch``; invalid ones are absent."""
-    raw_cursor = headers.get(b"last-event-id")
-    last_event_id = parse_last_event_id(raw_cursor)
-    if raw_cursor is not None and last_event_id is None:
-        logger.warning(
-            "last_event_id_rejected session=%s value=%r (treated as absent)",
-            sanitize_for_log(session_id),
-            sanitize_for_log(raw_cursor),
-        )
-    raw_epoch = headers.get(b"x-event-epoch")
-    epoch = parse_epoch(raw_epoch)
-    if raw_epoch is not None and epoch is None:
-        logger.warning(
-            "epoch_rejected session=%s value=%r (ignored)",
-            sanitize_for_log(session_id),
-            sanitize_for_log(raw_epoch),
-        )
-    return last_event_id, epoch if last_event_id is not None else None
-
-
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     """Return the request headers keyed by lowercase name; a repeated header keeps all values
     joined with ``,`` (so two ``Last-Event-ID`` values are refused as one invalid value)."""
@@ -587,112 +428,10 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return headers
 
 
-async def _login_user(headers: dict[bytes, bytes]) -> Any:
-    """The user of the Django login session named by the request's cookie, or None.
-
-    Loaded here, only for requests without a bearer token, rather than by Channels'
-    session middleware, which would wrap ``send`` for every body chunk of the stream.
-    """
-    cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
-    session_key = cookies.get(settings.SESSION_COOKIE_NAME)
-    if not session_key:
-        return None
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
-    return await get_user({"session": store})
-
-
-def _host_allowed(scope: Scope, headers: dict[bytes, bytes]) -> bool:
-    """Whether the request's host is in ``ALLOWED_HOSTS`` (Django's rules, incl. DEBUG)."""
-    raw = headers.get(b"host")
-    if raw is None:
-        server = scope.get("server") or ("", None)
-        host = str(server[0])
-    else:
-        host = raw.decode("latin-1")
-    allowed = list(settings.ALLOWED_HOSTS)
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    domain, _port = split_domain_port(host)
-    return bool(domain) and validate_host(domain, allowed)
-
-
-def _parse_max_queued(query_string: bytes) -> int:
-    """EB-14: absent → 256; otherwise a plain decimal in ``[16, 2048]`` or a 400."""
+def _max_queued(query_string: bytes) -> int | ApiError:
+    """EB-14: ``?maxQueued`` of the query string, or the 400 to answer."""
     try:
         values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("maxQueued")
     except ValueError:
         values = None
-    if not values:
-        return DEFAULT_MAX_QUEUED
-    raw = values[0]
-    if (
-        len(values) == 1
-        and raw.isascii()
-        and raw.isdigit()
-        and len(raw.lstrip("0")) <= 4  # any number of leading zeros; bounds int()
-        and MAX_QUEUED_MIN <= int(raw) <= MAX_QUEUED_MAX
-    ):
-        return int(raw)
-    problem = "must be given once" if len(values) > 1 else "must be a decimal integer"
-    raise ApiError(
-        400,
-        "invalid_max_queued",
-        f"maxQueued {problem} in [{MAX_QUEUED_MIN}, {MAX_QUEUED_MAX}]",
-        log_extra=f" value={sanitize_for_log(','.join(values))!r}",
-    )
-
-
-def _credential_details(principal: Principal, owner_id: int | None) -> dict[str, Any]:
-    """What revocation needs to know about a subscriber (``Backend.revoke``, the sweep)."""
-    claims = principal.claims
-    if claims is None:
-        return stream_details(
-            auth="login",
-            user_id=principal.user_id,
-            user_version=None,
-            session_version=None,
-            # Opened on staff rights alone: ends when the user is no longer staff.
-            via_staff=principal.is_staff and owner_id != principal.user_id,
-        )
-    return stream_details(
-        auth="token",
-        user_id=claims.user_id,
-        user_version=claims.user_version,
-        session_version=claims.session_version,
-    )
-
-
-def _end_at_expiry(
-    live: LiveSession, subscription: Subscription, principal: Principal
-) -> asyncio.TimerHandle | None:
-    """End the subscription with ``stream_error`` (``token_expired``) when its token expires.
-
-    The client then asks for a fresh token and resumes with its cursor. None for a login
-    session (no expiry). Never raises.
-    """
-    claims = principal.claims
-    if claims is None or claims.expires_at is None:
-        return None
-    end = functools.partial(
-        live.bus.disconnect, subscription, "token_expired", frame=expired_frame()
-    )
-    return asyncio.get_running_loop().call_later(max(0.0, claims.expires_at - time.time()), end)
-
-
-def _connection_info(
-    connection_id: uuid.UUID, scope: Scope, headers: dict[bytes, bytes], admission: _Admission
-) -> ConnectionInfo:
-    """Who, from where, with which options (for the operator side's listeners)."""
-    principal = admission.principal
-    return ConnectionInfo(
-        id=connection_id,
-        session_id=admission.live.session_id,
-        auth=principal.auth,
-        user_id=principal.user_id,
-        subject=principal.name[:150],
-        client_addr=str((scope.get("client") or [""])[0] or "")[:64],
-        user_agent=sanitize_for_log(headers.get(b"user-agent"), 300),
-        client_id=sanitize_for_log(headers.get(b"x-client-id"), 200),
-        max_queued=admission.max_queued,
-        resumed_from=admission.last_event_id,
-    )
+    return max_queued_or_error(values)

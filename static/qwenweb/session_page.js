@@ -44,6 +44,11 @@
  * backpressure" helper (./publish_console.js; owner and staff) and, for staff, the live
  * subscribers table (./subscribers.js). The stream sends `X-Client-Id: page-<random>` so
  * that both can tell this page's own subscriber among the others.
+ *
+ * Transport: `?transport=ws` runs the stream over the multiplexed WebSocket (`GET /ws`,
+ * ./ws.js) instead of SSE, said in the connection panel ("Transport"); everything above
+ * holds, with the token replaced in band before it expires. A WebSocket reader has no
+ * `X-Client-Id`, so the paused-reader check is off there.
  */
 import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
@@ -58,6 +63,14 @@ import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
+import { WsSessionStream, socketUrl } from "./ws.js";
+
+/**
+ * Over the WebSocket, a token is replaced in band at this fraction of its lifetime, counted
+ * from when it arrived: half leaves room for a slow token request (and costs one token a
+ * half-hour at the default lifetime).
+ */
+const TOKEN_REFRESH_AT = 0.5;
 
 class SessionPage {
   constructor(config, dom) {
@@ -78,6 +91,8 @@ class SessionPage {
     this.maxQueued = undefined;
     this.evictedWhilePaused = false;
     this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
+    // `?transport=ws`: the stream rides the multiplexed WebSocket (./ws.js) instead of SSE.
+    this.overWebSocket = new URLSearchParams(window.location.search).get("transport") === "ws";
     this.signalListeners = [];
     this.waitNotice = new ConnectionWaitNotice(dom.banner);
     this.snapshots = new SnapshotSync({
@@ -103,7 +118,8 @@ class SessionPage {
       epoch: () => (this.stream !== null ? this.stream.epoch : null),
     });
     this.readerWatch = new PausedReaderWatch({
-      url: config.urls.reader
+      // The server knows a WebSocket reader by no X-Client-Id: nothing to ask about it.
+      url: config.urls.reader && !this.overWebSocket
         ? config.urls.reader.replace(config.subscriberPlaceholder, encodeURIComponent(this.clientId))
         : null,
       stillPaused: () => this.paused && this.state === "open",
@@ -124,8 +140,9 @@ class SessionPage {
     this.bindControls();
     this.startTools();
     this.demo.setRunning(this.demo.running);
-    setText(this.dom.streamUrl, this.config.urls.events);
+    setText(this.dom.streamUrl, this.overWebSocket ? socketUrl(this.socketPath()) : this.config.urls.events);
     this.panel.addSharing();
+    this.panel.addTransport(this.overWebSocket);
     this.snapshots.addEarlierButton(this.dom.transcript);
     // Join the other tabs before the snapshot, so no frame they share meanwhile is missed.
     this.openStream("", null, { start: false });
@@ -172,23 +189,12 @@ class SessionPage {
       this.reconnectBase += previous.reconnectCount + (previous.started ? 1 : 0);
       previous.close();
     }
-    const options = {
-      url: this.config.urls.events,
-      // The same X-Client-Id on every attempt: operators (and the backpressure helper) find
-      // this page's subscriber by it. sse.js builds the Headers; they are only added to.
-      fetch: (input, init) => {
-        init.headers.set("X-Client-Id", this.clientId);
-        return fetch(input, init);
-      },
-      getToken: (reason) => this.tokens.get(reason === "unauthorized"),
-      onCallbackError: (error) => {
-        console.error("session page:", error);
-        this.panel.notify(`Page error: ${error}`, "error");
-      },
-    };
+    const options = this.overWebSocket ? this.socketOptions() : this.sseOptions();
     if (this.maxQueued !== undefined) options.maxQueued = this.maxQueued;
     const stream = new SharedStream({
-      key: this.config.sessionId,
+      // A WebSocket tab shares only with the WebSocket tabs of the session: each reads its transport.
+      key: this.overWebSocket ? `${this.config.sessionId}:ws` : this.config.sessionId,
+      StreamClass: this.overWebSocket ? WsSessionStream : undefined,
       own,
       streamOptions: options,
       lastEventId,
@@ -206,6 +212,48 @@ class SessionPage {
     if (start) stream.start();
     else stream.listen();
     this.renderPanel();
+  }
+
+  /** The SSE client's options (./sse.js). */
+  sseOptions() {
+    return {
+      url: this.config.urls.events,
+      // The same X-Client-Id on every attempt: operators (and the backpressure helper) find
+      // this page's subscriber by it. sse.js builds the Headers; they are only added to.
+      fetch: (input, init) => {
+        init.headers.set("X-Client-Id", this.clientId);
+        return fetch(input, init);
+      },
+      getToken: (reason) => this.tokens.get(reason === "unauthorized"),
+      onCallbackError: (error) => this.onStreamCallbackError(error),
+    };
+  }
+
+  /** The WebSocket client's options (./ws.js): the token is refreshed in band before it expires. */
+  socketOptions() {
+    return {
+      session: this.config.sessionId,
+      url: this.socketPath(),
+      getToken: (reason) => this.tokens.get(reason === "unauthorized" || reason === "refresh"),
+      refreshAfterMs: () => this.tokenRefreshAfterMs(),
+      onCallbackError: (error) => this.onStreamCallbackError(error),
+    };
+  }
+
+  /** Ms until the current token is half through its life (from when it arrived), or null. */
+  tokenRefreshAfterMs() {
+    const { expiresInS, issuedAtMs } = this.tokens;
+    if (!(expiresInS > 0)) return null;
+    return Math.max(0, issuedAtMs + expiresInS * TOKEN_REFRESH_AT * 1000 - Date.now());
+  }
+
+  socketPath() {
+    return this.config.urls.socket ?? "/ws";
+  }
+
+  onStreamCallbackError(error) {
+    console.error("session page:", error);
+    this.panel.notify(`Page error: ${error}`, "error");
   }
 
   /** The stream's sharing changed: show it (the controls that detach this tab say so). */
@@ -498,7 +546,12 @@ class SessionPage {
   /** Ask the server about this page's reader while reading is paused on an open stream. */
   updateReaderPoll() {
     this.readerWatch.update(
-      this.paused && this.state === "open" && this.stream !== null && !this.evictedWhilePaused && Boolean(this.config.urls.reader),
+      this.paused &&
+        this.state === "open" &&
+        this.stream !== null &&
+        !this.evictedWhilePaused &&
+        Boolean(this.config.urls.reader) &&
+        !this.overWebSocket,
     );
   }
 

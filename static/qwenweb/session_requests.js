@@ -56,6 +56,8 @@ export class TokenSource {
     this.token = null;
     this.pending = null;
     this.issued = 0;
+    this.expiresInS = 0; // the last token's lifetime, seconds (0: not told)
+    this.issuedAtMs = 0; // when it arrived (Date.now())
   }
 
   /** The current token, or a new one when `fresh` (the last one was rejected) or none yet. */
@@ -84,6 +86,8 @@ export class TokenSource {
       throw new HttpError(response.status, "token response carried no token");
     }
     this.token = body.token;
+    this.expiresInS = Number.isFinite(body.expiresInS) ? body.expiresInS : 0;
+    this.issuedAtMs = Date.now();
     this.issued += 1;
     this.onIssued(this.issued);
     return this.token;

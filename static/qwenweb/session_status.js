@@ -98,6 +98,16 @@ export class StatusPanel {
     }
   }
 
+  /** Add the "Transport" line: which transport the stream rides (`?transport=ws`). */
+  addTransport(overWebSocket) {
+    const facts = this.dom.cursor.closest("dl");
+    if (facts === null) return;
+    const value = h("dd", "", overWebSocket ? "WebSocket (qwenweb.v1, one socket for every session)" : "SSE (fetch)");
+    value.id = "transport";
+    value.dataset.transport = overWebSocket ? "websocket" : "sse";
+    facts.append(h("dt", "", "Transport"), value);
+  }
+
   renderSharing(stream) {
     if (this.sharing === null || stream === null) return;
     const how = stream.mode === "locks" ? "Web Locks" : stream.mode === "lease" ? "localStorage lease" : "";

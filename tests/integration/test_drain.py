@@ -9,7 +9,7 @@ import pytest
 
 from sessions.ops import lifecycle
 from sessions.process_state import process_state
-from sessions.transport.stream import DRAIN_RETRY_MS
+from sessions.transport.admission import DRAIN_RETRY_MS
 from tests.integration.conftest import publish
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]

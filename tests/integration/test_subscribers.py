@@ -36,7 +36,7 @@ from tests.integration.conftest import records as log_records
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 ROW_KEYS = {
-    "id", "process", "user", "clientId", "address", "since", "lastEventId", "lag",
+    "id", "process", "user", "clientId", "address", "transport", "since", "lastEventId", "lag",
     "queuedFrames", "queuedBytes", "bytesPerSecond",
 }  # fmt: skip
 
@@ -85,6 +85,7 @@ async def test_staff_see_each_subscriber_with_who_where_cursor_lag_queue_and_rat
         ("reader-2", "tab-2", "127.0.0.1"),
     ]
     assert all(set(row) == ROW_KEYS for row in rows)
+    assert [row["transport"] for row in rows] == ["sse", "sse"]
     assert [(r["lastEventId"], r["lag"], r["queuedFrames"]) for r in rows] == [(ids[-1], 0, 0)] * 2
     assert all(row["bytesPerSecond"] > 0 for row in rows)  # each was sent retry + 3 frames
     assert rows[0]["since"] <= rows[1]["since"]

@@ -10,12 +10,14 @@ from django.core.management.base import CommandParser
 
 from sessions.api_client import EventStreamClient
 from sessions.wire import ServerSentEvent
+from sessions.ws_api_client import WebSocketStreamClient, socket_url
 
 
 class Command(BaseCommand):
     help = (
         "Follow a session's event stream in the terminal; reconnects with Last-Event-ID "
-        "after the server's retry delay and stops when the session ends (204)."
+        "after the server's retry delay and stops when the session ends (204). "
+        "--transport ws follows it over the WebSocket (GET /ws) with the same output."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,13 +31,19 @@ class Command(BaseCommand):
             "token_revoked / token_expired (refresh it from elsewhere to keep following)",
         )
         parser.add_argument("--last-event-id", default="", help="resume after this id")
+        parser.add_argument(
+            "--transport",
+            choices=("sse", "ws"),
+            default="sse",
+            help="sse: GET /session/<id>/events; ws: one subscription over GET /ws "
+            "(token refreshed in band when --token-file changes)",
+        )
         parser.add_argument("--max-events", type=int, default=None, help="stop after N events")
         parser.add_argument(
             "--max-connections", type=int, default=None, help="stop after N connections"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        url = f"{options['url'].rstrip('/')}/session/{options['session_id']}/events"
 
         def show(event: ServerSentEvent) -> None:
             # Real events carry their id first in the envelope; synthetic frames have none.
@@ -56,16 +64,24 @@ class Command(BaseCommand):
             token = options["token"] or read_token_file()
         except OSError as exc:
             raise CommandError(f"cannot read --token-file: {exc}") from None
-        client = EventStreamClient(
-            url,
-            token,
-            refresh_token=read_token_file if token_file else None,
-            on_event=show,
-            on_status=status,
-            last_event_id=options["last_event_id"],
-            max_events=options["max_events"],
-            max_connections=options["max_connections"],
-        )
+        common: dict[str, Any] = {
+            "refresh_token": read_token_file if token_file else None,
+            "on_event": show,
+            "on_status": status,
+            "last_event_id": options["last_event_id"],
+            "max_events": options["max_events"],
+            "max_connections": options["max_connections"],
+        }
+        client: EventStreamClient
+        if options["transport"] == "ws":
+            try:
+                url = socket_url(options["url"])
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            client = WebSocketStreamClient(url, token, session_id=options["session_id"], **common)
+        else:
+            url = f"{options['url'].rstrip('/')}/session/{options['session_id']}/events"
+            client = EventStreamClient(url, token, **common)
         try:
             code = client.run()
         except KeyboardInterrupt:
