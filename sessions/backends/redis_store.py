@@ -11,11 +11,15 @@ session's keys in one Redis Cluster slot):
                    event's compact JSON envelope *without* its ``id`` (the id is the
                    entry id) and ``t`` (epoch ms when appended); trimmed by count, bytes
                    and age by the publish script (:mod:`redis_scripts`).
+``P:s:{S}:notify`` (Cluster only) sharded pub/sub channel: the publish script announces
+                   each new id there (:mod:`redis_cluster_reader`).
 ``P:proc:<uid>``   one process's report (JSON), written with a TTL.
 ``P:procs``        sorted set of process uids by last report time.
 ``P:proc:<uid>:wake`` a one-entry stream whose new entry wakes that process's reader.
 ``P:control``      pub/sub channel of control messages (disconnect a session's subscribers;
-                   the operator dashboard's activity items, relayed to the other processes).
+                   the operator dashboard's activity items, relayed to the other processes);
+                   on a Cluster a sharded one (``SPUBLISH``). There each script and
+                   ``MULTI`` touches one slot; the reader is :mod:`redis_cluster_reader`.
 
 Ids are assigned by one Lua script (``HINCRBY`` + ``XADD`` together), so they are plain
 integers without gaps in an epoch, whatever process publishes. If Redis loses a session's
@@ -41,7 +45,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -55,10 +59,14 @@ from sessions.backends.redis_clients import (
     UNAVAILABLE_ERRORS,
     RedisTarget,
     async_client,
+    async_cluster,
+    async_node_client,
     async_pool,
     is_unavailable,
     unavailable_as_error,
 )
+from sessions.backends.redis_cluster_reader import ClusterReader
+from sessions.backends.redis_listener import listen_control, report_forever
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -117,7 +125,8 @@ class SessionWindow:
 
 
 EntryHandler = Callable[[str, list[tuple[int, bytes]]], None]
-OutageHandler = Callable[[BaseException], None]
+#: ``(error, sessions)``: sessions None for all (one Redis), else one cluster node's.
+OutageHandler = Callable[[BaseException, Collection[str] | None], None]
 RecoveryHandler = Callable[[], None]
 ControlHandler = Callable[[Mapping[str, Any]], None]
 
@@ -148,14 +157,25 @@ class RedisStore:
         self.loop = asyncio.get_running_loop()
         self.target = target if isinstance(target, RedisTarget) else RedisTarget(target)
         self.url = self.target.url
-        pool = async_pool(
-            self.target,
-            max_connections=_POOL_SIZE,
-            timeout_s=_COMMAND_TIMEOUT_S,
-            connect_timeout_s=_CONNECT_TIMEOUT_S,
-            socket_timeout_s=_COMMAND_TIMEOUT_S,
-        )
-        self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
+        self.is_cluster = bool(self.target.cluster)
+        self.client: Any
+        if self.target.cluster:
+            self.client = async_cluster(
+                self.target,
+                max_connections=_POOL_SIZE,
+                connect_timeout_s=_CONNECT_TIMEOUT_S,
+                socket_timeout_s=_COMMAND_TIMEOUT_S,
+            )
+        else:
+            pool = async_pool(
+                self.target,
+                max_connections=_POOL_SIZE,
+                timeout_s=_COMMAND_TIMEOUT_S,
+                connect_timeout_s=_CONNECT_TIMEOUT_S,
+                socket_timeout_s=_COMMAND_TIMEOUT_S,
+            )
+            self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
+        self.cluster_reader: ClusterReader | None = None
         self._publish_script = self.client.register_script(PUBLISH_LUA)
         self._ensure_script = self.client.register_script(ENSURE_LUA)
         self._restart_script = self.client.register_script(RESTART_LUA)
@@ -164,7 +184,7 @@ class RedisStore:
         self._wake_seen = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
         # Set by aclose: the loops end even where redis-py swallowed the cancellation.
-        self._closing = False
+        self.closing = False
         self.available = True
         #: ``(host, port)`` the reader last read from (with Sentinels: the primary they
         #: named), None before its first read.
@@ -176,7 +196,7 @@ class RedisStore:
         self._poke = asyncio.Event()
         # Set while Redis has confirmed the control listener's subscription: from then on
         # PUBLISH counts this process among the receivers of its own control messages.
-        self._subscribed = asyncio.Event()
+        self.subscribed = asyncio.Event()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -191,9 +211,18 @@ class RedisStore:
         base = f"{self.prefix}:s:{{{session_id}}}"
         return f"{base}:idem", f"{base}:idemt"
 
+    def notify_channel(self, session_id: str) -> str:
+        """The session's sharded notify channel (Cluster only; same slot as its keys)."""
+        return f"{self.prefix}:s:{{{session_id}}}:notify"
+
     @property
     def control_channel(self) -> str:
         return f"{self.prefix}:control"
+
+    def node_client(self, host: str, port: int) -> redis_asyncio.Redis:
+        """A one-connection client to one cluster node (its reader, the control listener)."""
+        timeouts = (_CONNECT_TIMEOUT_S, _COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000)
+        return async_node_client(self.target, host, port, *timeouts)
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -248,6 +277,9 @@ class RedisStore:
         say ``master``: a demoted primary answers too). Raises
         :class:`BackendUnavailableError`."""
         with unavailable_as_error():
+            if self.cluster_reader is not None:  # every primary, every node's reader
+                await self.cluster_reader.ping()
+                return
             if not self.target.sentinels:
                 await self.client.ping()
                 return
@@ -349,6 +381,7 @@ class RedisStore:
             int(max_age_s * 1000),
             FRAME_OVERHEAD_BYTES,
             TRIM_BATCH,
+            self.notify_channel(session_id) if self.is_cluster else "",
         ]
         try:
             with unavailable_as_error():
@@ -429,22 +462,23 @@ class RedisStore:
         the connect timeout), so that the count leaves this process out exactly.
         Raises :class:`BackendUnavailableError`.
         """
-        if self._tasks and not self._subscribed.is_set():
+        if self._tasks and not self.subscribed.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                    await self._subscribed.wait()
+                    await self.subscribed.wait()
         payload = orjson.dumps({**message, "from": self.process_uid})
         with unavailable_as_error():
-            receivers = int(await self.client.publish(self.control_channel, payload))
-        return max(0, receivers - (1 if self._subscribed.is_set() else 0))
+            send = self.client.spublish if self.is_cluster else self.client.publish
+            receivers = int(await send(self.control_channel, payload))
+        return max(0, receivers - (1 if self.subscribed.is_set() else 0))
 
     async def report(self, report: Mapping[str, Any]) -> None:
         """Write this process's report with the TTL and note the process as alive."""
         now = time.time()
         ttl_ms = max(1, int(self.process_ttl_s * 1000))
         key = f"{self.prefix}:proc:{self.process_uid}"
-        with unavailable_as_error():
-            async with self.client.pipeline(transaction=True) as pipe:
+        with unavailable_as_error():  # (no MULTI: on a Cluster these keys are on several slots)
+            async with self.client.pipeline(transaction=False) as pipe:
                 pipe.set(key, orjson.dumps({**report, "process": self.process_uid}), px=ttl_ms)
                 pipe.zadd(f"{self.prefix}:procs", {self.process_uid: now})
                 pipe.pexpire(self._wake_key, 10 * ttl_ms)  # a killed process leaves none
@@ -457,7 +491,11 @@ class RedisStore:
             uids = await self.client.zrange(f"{self.prefix}:procs", 0, -1)
             if not uids:
                 return []
-            raw = await self.client.mget(report_keys(self.prefix, uids))
+            keys = report_keys(self.prefix, uids)
+            if self.is_cluster:
+                raw = await self.client.mget_nonatomic(keys)
+            else:
+                raw = await self.client.mget(keys)
         return [orjson.loads(item) for item in raw if item is not None]
 
     # -- the reader -------------------------------------------------------------------------
@@ -470,9 +508,15 @@ class RedisStore:
     def unwatch(self, session_id: str) -> None:
         """Stop reading the session's stream. Never raises."""
         self._watched.pop(session_id, None)
+        if self.cluster_reader is not None:
+            self.cluster_reader.regroup_soon()
 
     def _wake(self) -> None:
-        """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream)."""
+        """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream);
+        on a Cluster, group the watched sessions by node again."""
+        if self.cluster_reader is not None:
+            self.cluster_reader.regroup_soon()
+            return
         if not self._tasks:
             return
         task = asyncio.get_running_loop().create_task(self._send_wake())
@@ -499,10 +543,25 @@ class RedisStore:
     ) -> None:
         """Start the reader, the control listener and the reporter on the running loop."""
         loop = asyncio.get_running_loop()
+        reader: Any
+        if self.is_cluster:
+            self.cluster_reader = ClusterReader(
+                self.client,
+                self.node_client,
+                self._watched,
+                self.stream_key,
+                self.notify_channel,
+                on_entries,
+                on_outage,
+                on_recovery,
+            )
+            reader = self.cluster_reader.run()
+        else:
+            reader = self._read_forever(on_entries, on_outage, on_recovery)
         self._tasks = [
-            loop.create_task(self._read_forever(on_entries, on_outage, on_recovery)),
-            loop.create_task(self._listen_forever(on_control)),
-            loop.create_task(self._report_forever(make_report)),
+            loop.create_task(reader),
+            loop.create_task(listen_control(self, on_control)),
+            loop.create_task(report_forever(self, make_report)),
         ]
 
     async def _read_forever(
@@ -515,7 +574,7 @@ class RedisStore:
             socket_timeout_s=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
         )
         try:
-            while not self._closing:
+            while not self.closing:
                 try:
                     await self._read_once(reader, on_entries)
                     if not self.available:
@@ -538,7 +597,7 @@ class RedisStore:
                             self.target.describe(),
                             f"{type(exc).__name__}: {exc}",
                         )
-                        on_outage(exc)
+                        on_outage(exc, None)
                         await self._drop_idle_connections()
                     with contextlib.suppress(Exception):
                         await reader.connection.disconnect()  # type: ignore[union-attr]
@@ -592,56 +651,9 @@ class RedisStore:
         if connection is not None:
             self.attached_to = (str(connection.host), int(connection.port))
 
-    async def _listen_forever(self, on_control: ControlHandler) -> None:
-        backoff = _BACKOFF_START_S
-        while not self._closing:
-            pubsub = self.client.pubsub()
-            try:
-                await pubsub.subscribe(self.control_channel)
-                backoff = _BACKOFF_START_S
-                while not self._closing:
-                    message = await pubsub.get_message(timeout=_READ_BLOCK_MS / 1000)
-                    if message is None:
-                        continue
-                    if message["type"] == "subscribe":  # Redis confirmed the subscription
-                        self._subscribed.set()
-                        continue
-                    if message["type"] != "message":
-                        continue
-                    try:
-                        decoded = orjson.loads(message["data"])
-                    except orjson.JSONDecodeError:
-                        logger.warning("control_message_ignored reason=not_json")
-                        continue
-                    if isinstance(decoded, dict) and decoded.get("from") != self.process_uid:
-                        on_control(decoded)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # never dies: reconnect after a pause
-                if not is_unavailable(exc):
-                    logger.exception("control_listener_failed")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-            finally:
-                self._subscribed.clear()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    async def _report_forever(self, make_report: Callable[[], Mapping[str, Any]]) -> None:
-        interval = max(0.05, self.process_ttl_s / 4)
-        while not self._closing:
-            try:
-                await self.report(make_report())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # never dies; a down Redis is the reader's to log
-                if not isinstance(exc, BackendUnavailableError) and not is_unavailable(exc):
-                    logger.exception("report_failed")
-            await asyncio.sleep(interval)
-
     async def aclose(self) -> None:
         """Stop the tasks, forget this process's report and close the connections."""
-        self._closing = True
+        self.closing = True
         tasks, self._tasks = self._tasks, []
         pending = set(tasks)
         while pending:  # redis-py can swallow a cancellation (a read it had just finished)
@@ -650,7 +662,8 @@ class RedisStore:
             _, pending = await asyncio.wait(pending, timeout=_CLOSE_RECANCEL_S)
         await asyncio.gather(*tasks, return_exceptions=True)  # (all done: retrieves errors)
         with contextlib.suppress(Exception):
-            await self.client.delete(f"{self.prefix}:proc:{self.process_uid}", self._wake_key)
+            await self.client.delete(f"{self.prefix}:proc:{self.process_uid}")  # (two slots)
+            await self.client.delete(self._wake_key)
             await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
         with contextlib.suppress(Exception):
             await self.client.aclose()
