@@ -193,8 +193,9 @@ class RedisBackend(RedisControlled):
         if self._store is None or self._store.loop is not loop:
             config = self.config
             self._store = RedisStore(
-                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s
-            )
+                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s,
+                wait=(config.redis_wait_replicas, config.redis_wait_timeout_ms),
+            )  # fmt: skip
             self._store.start(
                 self._on_entries,
                 self._on_outage,
@@ -464,8 +465,6 @@ class RedisBackend(RedisControlled):
                 idempotency_ttl_s=config.idempotency_ttl_s,
                 idempotency_max_keys=config.idempotency_max_keys,
                 closed_ttl_ms=int(config.closed_history_s * 1000),
-                wait_replicas=config.redis_wait_replicas,
-                wait_timeout_ms=config.redis_wait_timeout_ms,
             )
             if outcome.status == "replay":
                 assert outcome.remembered is not None

@@ -67,6 +67,7 @@ from sessions.backends.redis_clients import (
 )
 from sessions.backends.redis_cluster_reader import ClusterReader
 from sessions.backends.redis_listener import listen_control, report_forever
+from sessions.backends.redis_replication import publish_replicated, replicated
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -146,12 +147,21 @@ class RedisStore:
             (Sentinels: every connection follows the current primary).
         prefix: the key prefix (several deployments or test runs can share one Redis).
         process_ttl_s: how long a process's report stays without being renewed.
+        wait: ``(REDIS_WAIT_REPLICAS, REDIS_WAIT_TIMEOUT_MS)``.
     """
 
     def __init__(
-        self, target: str | RedisTarget, prefix: str, *, process_ttl_s: float = 10.0
+        self,
+        target: str | RedisTarget,
+        prefix: str,
+        *,
+        process_ttl_s: float = 10.0,
+        wait: tuple[int, int] = (0, 1000),
     ) -> None:
         self.prefix = prefix
+        #: ``(REDIS_WAIT_REPLICAS, its timeout ms)``: replicas > 0: nothing is handed on
+        #: (reader, window) before it is on that many replicas (:mod:`redis_replication`).
+        self.wait = wait
         self.process_ttl_s = process_ttl_s
         self.process_uid = secrets.token_hex(8)
         self.loop = asyncio.get_running_loop()
@@ -181,6 +191,7 @@ class RedisStore:
         self._restart_script = self.client.register_script(RESTART_LUA)
         self._watched: dict[str, int] = {}  # session id -> last id handed to the handler
         self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
+        self._ack_key = f"{prefix}:proc:{self.process_uid}:ack"  # (written to WAIT on)
         self._wake_seen = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
         # Set by aclose: the loops end even where redis-py swallowed the cancellation.
@@ -301,15 +312,19 @@ class RedisStore:
         )
 
     async def window(self, session_id: str) -> SessionWindow:
-        """Read the head and every entry of the shared ring in one transaction (MULTI).
+        """Read the head and every entry of the shared ring in one transaction (MULTI);
+        with ``wait``, only once all of it is on that many replicas.
 
-        Raises :class:`BackendUnavailableError`.
+        Raises :class:`BackendUnavailableError` (also: not replicated in time).
         """
         with unavailable_as_error():
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.meta_key(session_id), ["epoch", "last", "closed"])
                 pipe.xrange(self.stream_key(session_id), "-", "+")
                 (epoch, last, closed), raw_entries = await pipe.execute()
+            waits = self.wait[0] and raw_entries  # (nothing to hand on: nothing to confirm)
+            if waits and not await replicated(self.client, self._ack_key, *self.wait):
+                raise BackendUnavailableError("the session's events are not replicated yet")
         head = SessionHead(
             epoch=_text(epoch) if epoch is not None else None,
             last_event_id=int(last or 0),
@@ -333,8 +348,6 @@ class RedisStore:
         max_bytes: int = DEFAULT_RING_MAX_BYTES,
         max_age_s: float = 0.0,
         closed_ttl_ms: int = CLOSED_KEYS_TTL_MS,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = 1000,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring, then trim it to
         ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
@@ -350,9 +363,10 @@ class RedisStore:
         ``idempotency_ttl_s``) appends nothing and answers status ``replay`` with its first
         result; a new key is stored with the new id, at most ``idempotency_max_keys`` per
         session (oldest dropped), all in the same script. The caller compares digests.
-        ``wait_replicas`` > 0: ``WAIT wait_replicas wait_timeout_ms`` follows the script on
-        the same connection (a pipeline), also for a replayed key (after a write that covers
-        the first one), so an ``ok`` or ``replay`` is on that many replicas.
+        The store's ``wait`` replicas > 0: ``WAIT <replicas> <timeout ms>`` follows
+        the script on the same connection (a pipeline), also for a replayed key (after a
+        write that covers the first one), so an ``ok`` or ``replay`` is on that many
+        replicas.
 
         Raises:
             OutcomeUnknownError: fewer replicas confirmed in time (the write may be lost
@@ -385,10 +399,9 @@ class RedisStore:
         ]
         try:
             with unavailable_as_error():
-                if wait_replicas:
-                    reply = await self._publish_replicated(
-                        keys, args, wait_replicas, wait_timeout_ms
-                    )
+                if self.wait[0]:
+                    script = self._publish_script
+                    reply = await publish_replicated(self.client, script, keys, args, *self.wait)
                 else:
                     reply = await self._publish_script(keys=keys, args=args)
         except OutcomeUnknownError:
@@ -409,36 +422,6 @@ class RedisStore:
         if status in ("closed", "stale"):
             return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
-
-    async def _publish_replicated(
-        self, keys: list[str], args: list[bytes | str | int], replicas: int, timeout_ms: int
-    ) -> Any:
-        """The publish script, then ``WAIT`` on the same connection; raises
-        :class:`OutcomeUnknownError` if fewer than ``replicas`` confirmed in time."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            await self._publish_script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", replicas, timeout_ms)
-            reply, acked = await pipe.execute()
-        if _text(reply[0]) == "replay":
-            # A replay writes nothing, and WAIT covers only this connection's own writes:
-            # one write now (the TTL the script gives the key hash) makes it cover the
-            # first publish, whichever connection made it.
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.pexpire(keys[2], int(args[8]))
-                pipe.execute_command("WAIT", replicas, timeout_ms)
-                _, acked = await pipe.execute()
-        if _text(reply[0]) in ("ok", "replay") and int(acked) < replicas:
-            logger.warning(
-                "publish_outcome_unknown key=%s replicas=%d wanted=%d timeout_ms=%d",
-                keys[0],
-                int(acked),
-                replicas,
-                timeout_ms,
-            )
-            raise OutcomeUnknownError(
-                f"{int(acked)} of {replicas} replicas confirmed the publish in {timeout_ms} ms"
-            )
-        return reply
 
     async def recall(self, session_id: str, key: str, *, ttl_s: float = 900.0) -> Remembered | None:
         """Return the first result stored for ``key`` in the session (younger than
@@ -633,6 +616,14 @@ class RedisStore:
             return
         reply: Any = await reader.xread(streams, count=_READ_COUNT, block=_READ_BLOCK_MS)
         self._note_attached(reader)
+        # Hand on only what is on the replicas: a failover cannot take back an event a
+        # client saw. Not yet: read it again (the cursors stay) and ask again.
+        if (
+            self.wait[0]
+            and any(_text(key) != self._wake_key for key, _ in reply or ())
+            and not await replicated(self.client, self._ack_key, *self.wait)
+        ):
+            return
         for raw_key, raw_entries in reply or ():
             key = _text(raw_key)
             if key == self._wake_key:

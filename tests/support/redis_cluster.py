@@ -171,16 +171,3 @@ class RedisCluster:
         for node in self.nodes:
             node.stop()
 
-
-def keys_on_distinct_primaries(cluster: RedisCluster, prefix: str, count: int) -> list[str]:
-    """``count`` session ids whose stream keys (``<prefix>:s:{id}:stream``) live on
-    ``count`` different primaries (at most 3)."""
-    chosen: dict[int, str] = {}
-    for n in range(10_000):
-        session_id = f"probe{n}"
-        port = cluster.primary_port_of(f"{prefix}:s:{{{session_id}}}:stream")
-        if port is not None and port not in chosen:
-            chosen[port] = session_id
-        if len(chosen) == count:
-            return list(chosen.values())
-    raise RuntimeError("no keys spread over the primaries")
