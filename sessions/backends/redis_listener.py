@@ -15,16 +15,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import orjson
 import redis.asyncio as redis_asyncio
 
 from sessions.backends.errors import BackendUnavailableError
 from sessions.backends.redis_clients import is_unavailable
-
-if TYPE_CHECKING:
-    from sessions.backends.redis_store import RedisStore
 
 __all__ = ["listen_control", "report_forever"]
 
@@ -36,8 +33,11 @@ _BACKOFF_MAX_S: Final = 5.0
 
 ControlHandler = Callable[[Mapping[str, Any]], None]
 
+# ``store`` below is the :class:`~sessions.backends.redis_store.RedisStore` that started
+# these loops (typed Any: that module imports this one).
 
-async def listen_control(store: RedisStore, on_control: ControlHandler) -> None:
+
+async def listen_control(store: Any, on_control: ControlHandler) -> None:
     """Hand every control message of another process to ``on_control`` until the store
     closes (module docstring); reconnects after a pause. Never raises but CancelledError."""
     backoff = _BACKOFF_START_S
@@ -84,13 +84,13 @@ async def listen_control(store: RedisStore, on_control: ControlHandler) -> None:
         finally:
             store.subscribed.clear()
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
             if node is not None:
                 with contextlib.suppress(Exception):
                     await node.aclose()
 
 
-async def report_forever(store: RedisStore, make_report: Callable[[], Mapping[str, Any]]) -> None:
+async def report_forever(store: Any, make_report: Callable[[], Mapping[str, Any]]) -> None:
     """Write this process's report every ``process_ttl_s / 4`` until the store closes."""
     interval = max(0.05, store.process_ttl_s / 4)
     while not store.closing:
