@@ -170,4 +170,3 @@ class RedisCluster:
         """Stop every node this cluster started. Idempotent."""
         for node in self.nodes:
             node.stop()
-
