@@ -12,7 +12,8 @@ hold:
   acknowledged event exactly once, or ``state_resync_required`` first; never a silent
   gap nor a duplicate (the same checks as the Sentinel failover load);
 - the killed server comes back as a replica; ``/readyz`` was 503 after the kill and is
-  200 at the end; no qwenweb process restarted.
+  200 at the end; no qwenweb process restarted;
+- each process counts the other one's readers (operator figures summed over processes).
 
 ``QWENWEB_SOAK_CLUSTER_FAILOVERS`` kills (1 here; ``make soak``: 3, one per primary's
 turn) at a slower, longer load.
@@ -24,13 +25,20 @@ import asyncio
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
 
 from tests.support.failover_load import Publisher, Reader, ReadyProbe
 from tests.support.redis_cluster import RedisCluster
-from tests.support.server import RemoteSession, ServerProcess, free_port, start_redis_server
+from tests.support.server import (
+    RemoteSession,
+    ServerProcess,
+    free_port,
+    start_redis_server,
+    wait_for,
+)
 
 PREFIX = "qwtest-cluster"
 FAILOVERS = int(os.environ.get("QWENWEB_SOAK_CLUSTER_FAILOVERS", "1"))
@@ -134,6 +142,14 @@ async def test_sessions_on_other_primaries_never_notice_a_primary_failover(
             for r, pub in zip(readers, publishers, strict=True)
         ):
             await asyncio.sleep(0.1)
+        # Operator figures are summed over the processes' reports (written to several
+        # slots): the process without a session's reader still counts that reader.
+        for n, session in enumerate(sessions):
+            other = RemoteSession(a.base_url if n % 2 else b.base_url, *astuple(session)[1:])
+            counted = await asyncio.to_thread(
+                wait_for, lambda s=other: s.load().get("subscriberCount") == 1, 10.0, 0.1
+            )
+            assert counted, (n, other.load())
     finally:
         for publisher in publishers:
             publisher.stop.set()
