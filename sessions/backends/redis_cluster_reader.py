@@ -15,10 +15,11 @@ notification delays entries, never loses them (a read always starts at the curso
 
 Sessions are grouped by the slot map of the cluster client. A ``MOVED``/``ASK`` on a read,
 a ``sunsubscribe`` pushed by the node (the slot left it), or a lost node refreshes the
-slot map and re-groups: a session whose node changed is subscribed on its new node and
-read from its cursor. A node whose connection fails ends only *its* sessions' streams
-(the outage handler is given their ids): the other nodes' readers go on. This module
-imports nothing from Django.
+slot map and re-groups: a session whose node changed ends its streams (as for a lost
+node), and is read on its new node once a client loads it again (the epoch checks of a
+new mirror catch a promoted replica that is behind). A node whose connection fails ends
+only *its* sessions' streams (the outage handler is given their ids): the other nodes'
+readers go on. This module imports nothing from Django.
 """
 
 from __future__ import annotations
@@ -315,6 +316,18 @@ class ClusterReader:
                 continue
             wanted.setdefault(node.name, set()).add(session_id)
             where[node.name] = (node.host, int(node.port))
+        # A session whose slot is now served by another node (a failover, or a slot
+        # moved) ends its streams like a lost node's: its mirror is rebuilt on the new node
+        # with the epoch checks (a promoted replica may be behind what was delivered).
+        was = {sid: name for name, reader in self._nodes.items() for sid in reader.sessions}
+        moved = {sid for name, sids in wanted.items() for sid in sids if was.get(sid, name) != name}
+        if moved:
+            for sids in wanted.values():
+                sids -= moved
+            for session_id in moved:
+                self.watched.pop(session_id, None)
+            logger.warning("cluster_sessions_moved sessions=%d", len(moved))
+            self._on_outage(redis_errors.ConnectionError("the slot moved to another node"), moved)
         for name, reader in list(self._nodes.items()):
             sessions = wanted.get(name, set())
             moved_in = sessions - reader.sessions
