@@ -96,7 +96,8 @@ test-browser: $(STAMP) system-deps
 # server killed with SIGKILL 20 times and stopped with SIGTERM 5 times while a publisher
 # posts (`make test`: 5 and 1), then the Redis primary of a Sentinel group killed with
 # SIGKILL 5 times, every 20 s, under a 200 events/s publisher and four resuming readers
-# (`make test`: one failover per case), then a reader frozen for 110 s while it is evicted
+# (`make test`: one failover per case), then a primary of a 3+3 Redis Cluster killed 3 times
+# under load (`make test`: once), then a reader frozen for 110 s while it is evicted
 # (`make test`: 40 s). Tests that have a soak form read these variables.
 SOAK_ROUNDS ?= 20
 SOAK_TESTS := tests/browser/test_gap_repair.py
@@ -105,6 +106,7 @@ soak: $(STAMP) system-deps
 	QWENWEB_SOAK_ROUNDS=$(SOAK_ROUNDS) $(PY) -m pytest -q $(SOAK_TESTS)
 	QWENWEB_SOAK_KILLS=20 QWENWEB_SOAK_TERMS=5 $(PY) -m pytest -q -s tests/e2e/test_durable_restart.py
 	QWENWEB_SOAK_FAILOVERS=5 $(PY) -m pytest -q -s tests/e2e/test_redis_failover_load.py
+	QWENWEB_SOAK_CLUSTER_FAILOVERS=3 $(PY) -m pytest -q -s tests/e2e/test_redis_cluster.py
 	QWENWEB_SOAK_FREEZE_S=110 $(PY) -m pytest -q -s tests/e2e/test_frozen_reader.py
 
 # Re-take docs/session-page-*.png from the browser tests that reach those states: live

@@ -603,10 +603,11 @@ def _combination_errors(values: dict[str, Any]) -> list[str]:
                 f"QWENWEB[{warn!r}] ({values[warn.lower()]}) is above QWENWEB[{alert!r}] "
                 f"({values[alert.lower()]}): amber must start at or below red"
             )
-    if values["redis_cluster"] and not values["redis_sentinels"]:
+    if values["redis_cluster"] and values["redis_wait_replicas"]:
         errors.append(
-            "QWENWEB['REDIS_CLUSTER'] (or $QWENWEB_REDIS_CLUSTER) is set but Redis Cluster is "
-            "not supported by this version: use one Redis or Sentinels"
+            "QWENWEB['REDIS_WAIT_REPLICAS'] (or $QWENWEB_REDIS_WAIT_REPLICAS) is set with "
+            "QWENWEB['REDIS_CLUSTER']: replicated acknowledgements are not supported on a "
+            "Cluster yet (WAIT must follow the publish on the slot's node); set one"
         )
     return errors
 

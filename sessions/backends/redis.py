@@ -43,11 +43,12 @@ Idempotency
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -65,7 +66,7 @@ from sessions.backends.base import (
 from sessions.backends.closed_history import closed_bus, history_kept
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyKeyReusedError, Remembered
-from sessions.backends.redis_clients import sync_client
+from sessions.backends.redis_clients import sync_client, unavailable_as_error
 from sessions.backends.redis_control import RedisControlled, redis_target
 from sessions.backends.redis_store import RedisStore, SessionWindow, entry_json
 from sessions.bus import (
@@ -149,24 +150,23 @@ class RedisBackend(RedisControlled):
 
     @classmethod
     def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
-        """Redis must answer at ``REDIS_URL`` or through its Sentinels (one PING, 1 s timeouts)."""
-        import redis
-
-        client = sync_client(redis_target(config), 1.0)
+        """Redis must answer at ``REDIS_URL``, through its Sentinels or at a Cluster's seeds
+        (one PING, 1 s timeouts)."""
         try:
-            client.ping()
-        except (redis.RedisError, OSError) as exc:
+            with unavailable_as_error():  # (a blocking cluster client connects when built)
+                client = sync_client(redis_target(config), 1.0)
+                with contextlib.closing(client):
+                    client.ping()
+        except BackendUnavailableError as exc:
             return [
                 (
                     "BACKEND is 'redis' but Redis does not answer at the configured URL: "
-                    f"{type(exc).__name__}",
+                    f"{type(exc.__cause__).__name__}",
                     "Start Redis or fix QWENWEB['REDIS_URL'] / $QWENWEB_REDIS_URL (or the "
                     "REDIS_SENTINELS and REDIS_SENTINEL_SERVICE settings); until "
                     "it answers, publish and new streams get 503.",
                 )
             ]
-        finally:
-            client.close()
         return []
 
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
@@ -193,8 +193,9 @@ class RedisBackend(RedisControlled):
         if self._store is None or self._store.loop is not loop:
             config = self.config
             self._store = RedisStore(
-                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s
-            )
+                redis_target(config), config.redis_key_prefix, process_ttl_s=config.process_ttl_s,
+                wait=(config.redis_wait_replicas, config.redis_wait_timeout_ms),
+            )  # fmt: skip
             self._store.start(
                 self._on_entries,
                 self._on_outage,
@@ -464,8 +465,6 @@ class RedisBackend(RedisControlled):
                 idempotency_ttl_s=config.idempotency_ttl_s,
                 idempotency_max_keys=config.idempotency_max_keys,
                 closed_ttl_ms=int(config.closed_history_s * 1000),
-                wait_replicas=config.redis_wait_replicas,
-                wait_timeout_ms=config.redis_wait_timeout_ms,
             )
             if outcome.status == "replay":
                 assert outcome.remembered is not None
@@ -625,16 +624,20 @@ class RedisBackend(RedisControlled):
         advanced, live._advanced = live._advanced, asyncio.Event()
         advanced.set()
 
-    def _on_outage(self, error: BaseException) -> None:
-        """Redis went away: end every open stream with ``stream_error``, forget the mirrors."""
+    def _on_outage(self, error: BaseException, session_ids: Collection[str] | None) -> None:
+        """Redis went away (``session_ids`` None), or one cluster node with those sessions:
+        end their open streams with ``stream_error``, forget their mirrors."""
         frame = _backend_error_frame()
         ended = 0
-        for live in self.registry.values():
+        lost = list(self.registry.values())
+        if session_ids is not None:
+            lost = [live for live in lost if live.session_id in session_ids]
+        for live in lost:
             ended += live.bus.disconnect_all("backend_unavailable", frame=frame)
             if self._store is not None:
                 self._store.unwatch(live.session_id)
             _advanced(live).set()  # wake any waiting subscriber: it fails, its client retries
-        self.registry.clear()
+            self.registry.pop(live.session_id)
         logger.error("streams_ended reason=backend_unavailable subscribers=%d", ended)
         if self._store is not None and self._store.attached_to is not None:
             self._last_attached = self._store.attached_to

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-import redis
+from redis.cluster import RedisCluster
 
 from sessions.backends.redis_clients import RedisTarget, sync_client, unavailable_as_error
 from sessions.backends.redis_store import report_keys
@@ -22,7 +22,8 @@ from sessions.backends.redis_store import report_keys
 __all__ = ["read_reports_blocking", "send_control_blocking"]
 
 
-def _client(target: str | RedisTarget, timeout_s: float) -> redis.Redis:
+def _client(target: str | RedisTarget, timeout_s: float) -> Any:
+    """A ``redis.Redis``, or a ``redis.cluster.RedisCluster`` (``target.cluster``)."""
     return sync_client(
         target if isinstance(target, RedisTarget) else RedisTarget(target), timeout_s
     )
@@ -35,18 +36,21 @@ def read_reports_blocking(
 
     For threads without a store's loop (an admin view in a process that never built a
     store): what :meth:`RedisStore.reports` returns, in two round-trips (``ZRANGE``,
-    ``MGET``) on one connection, closed before returning. Connecting and each command are
-    bounded by ``timeout_s`` and never retried, so a stuck Redis costs at most about
-    three times ``timeout_s``.
+    ``MGET``; on a Cluster one ``MGET`` per slot), closed before returning. Connecting
+    and each command are bounded by ``timeout_s`` and never retried, so a stuck Redis costs at
+    most about three times ``timeout_s``.
 
     Raises:
         BackendUnavailableError: Redis unreachable, or too slow to answer.
     """
-    client = _client(url, timeout_s)
+    with unavailable_as_error():  # (a blocking cluster client connects when built)
+        client = _client(url, timeout_s)
     try:
         with unavailable_as_error():
             uids: Any = client.zrange(f"{prefix}:procs", 0, -1)
-            raw: Any = client.mget(report_keys(prefix, uids)) if uids else []
+            keys = report_keys(prefix, uids)
+            mget = client.mget_nonatomic if isinstance(client, RedisCluster) else client.mget
+            raw: Any = mget(keys) if uids else []
     finally:
         with contextlib.suppress(Exception):
             client.close()  # and its pool's one connection
@@ -63,11 +67,13 @@ def send_control_blocking(
     Raises:
         BackendUnavailableError: Redis unreachable, or too slow to answer.
     """
-    client = _client(url, timeout_s)
+    with unavailable_as_error():
+        client = _client(url, timeout_s)
     payload = orjson.dumps({**message, "from": secrets.token_hex(8)})
     try:
         with unavailable_as_error():
-            return int(client.publish(f"{prefix}:control", payload))
+            send = client.spublish if isinstance(client, RedisCluster) else client.publish
+            return int(send(f"{prefix}:control", payload))
     finally:
         with contextlib.suppress(Exception):
             client.close()

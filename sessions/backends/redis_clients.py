@@ -1,20 +1,24 @@
 """Every Redis client of the Redis backend is built here: one place per deployment shape.
 
-A :class:`RedisTarget` says where the primary is: a plain ``REDIS_URL``, or Sentinels that
-name the current primary of a service (``REDIS_SENTINELS``, ``REDIS_SENTINEL_SERVICE``).
+A :class:`RedisTarget` says where the primary is: a plain ``REDIS_URL``, Sentinels that
+name the current primary of a service (``REDIS_SENTINELS``, ``REDIS_SENTINEL_SERVICE``),
+or the seed nodes of a Redis Cluster (``REDIS_CLUSTER``: redis-py's ``RedisCluster``
+routes each command to its slot's primary and follows ``MOVED``/``ASK`` and failovers;
+its database is 0, the URL's user, password and TLS apply).
 With Sentinels the URL's host and port are ignored; its user, password, database and TLS
 (``rediss://``) still apply to the data connections. A Sentinel-managed connection asks the
 Sentinels for the primary each time it (re)connects, and redis-py closes it when the
 primary answers ``READONLY`` (it was demoted): so the command pool, the reader and the
 control listener follow a failover by reconnecting, without a restart.
 
-Adding Redis Cluster is one more branch in each builder. The errors that mean "Redis is
+The errors that mean "Redis is
 not there right now" are classified here too (:func:`is_unavailable`). This module
 imports nothing from Django.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from dataclasses import dataclass
@@ -22,7 +26,9 @@ from typing import Any, Final
 
 import redis
 import redis.asyncio as redis_asyncio
+import redis.asyncio.cluster as redis_async_cluster
 import redis.asyncio.sentinel as async_sentinel
+import redis.cluster as sync_cluster
 import redis.sentinel as sync_sentinel
 from redis import exceptions as redis_errors
 from redis.backoff import NoBackoff
@@ -35,8 +41,11 @@ __all__ = [
     "UNAVAILABLE_ERRORS",
     "RedisTarget",
     "async_client",
+    "async_cluster",
+    "async_node_client",
     "async_pool",
     "is_unavailable",
+    "ping_primaries",
     "sync_client",
     "unavailable_as_error",
 ]
@@ -59,9 +68,14 @@ class RedisTarget:
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""
     sentinel_password: str = ""
+    #: Seed nodes of a Redis Cluster (empty: not a cluster).
+    cluster: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
-        """A log-safe name: the URL without its password, or the Sentinel service."""
+        """A log-safe name: the URL without its password, the Sentinel service, or the
+        cluster's seed nodes."""
+        if self.cluster:
+            return "cluster://" + ",".join(f"{host}:{port}" for host, port in self.cluster)
         if self.sentinels:
             first = ",".join(f"{host}:{port}" for host, port in self.sentinels)
             return f"sentinel://{first}/{self.service}"
@@ -75,6 +89,14 @@ class RedisTarget:
         kwargs: dict[str, Any] = parse_url(self.url)  # type: ignore[no-untyped-call]
         for key in _ADDRESS_KEYS:
             kwargs.pop(key, None)
+        return kwargs
+
+    def _cluster_kwargs(self) -> dict[str, Any]:
+        """The URL's user, password and TLS, for cluster connections (database 0)."""
+        parsed: dict[str, Any] = parse_url(self.url)  # type: ignore[no-untyped-call]
+        kwargs = {k: parsed[k] for k in ("username", "password") if parsed.get(k)}
+        if self.url.startswith("rediss://"):
+            kwargs["ssl"] = True
         return kwargs
 
     def _async_connection_class(self) -> type[redis_asyncio.Connection]:
@@ -155,6 +177,79 @@ def async_pool(
     )
 
 
+#: What redis-py 8.1's asyncio cluster client raises when its slot-map refresh (after a node
+#: failed) closes a pooled connection while a command is being written on it: the command
+#: was not sent (the write failed).
+_CLOSED_UNDER_COMMAND: Final = re.compile(
+    r"'NoneType' object has no attribute '(?:writelines|write|drain)'"
+    r"|unable to perform operation on <\w*Transport closed=True"
+)
+#: How often :class:`_RetryingCluster` sends a command again after that.
+_CLOSED_UNDER_COMMAND_TRIES: Final = 3
+
+
+class _RetryingCluster(redis_async_cluster.RedisCluster):
+    """A cluster client that sends a command again when redis-py 8.1 closed its
+    connection under it during a slot-map refresh (:data:`_CLOSED_UNDER_COMMAND`): seen
+    as HTTP 500s on sessions of *healthy* primaries while another one failed over. The
+    command was not written, so sending it again cannot run it twice."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        for attempt in range(1, _CLOSED_UNDER_COMMAND_TRIES + 1):
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except (AttributeError, RuntimeError) as exc:
+                if attempt == _CLOSED_UNDER_COMMAND_TRIES or not _CLOSED_UNDER_COMMAND.search(
+                    str(exc)
+                ):
+                    raise
+        raise AssertionError("unreachable")  # (the loop returns or raises)
+
+
+def async_cluster(
+    target: RedisTarget,
+    *,
+    max_connections: int,
+    connect_timeout_s: float,
+    socket_timeout_s: float,
+) -> redis_async_cluster.RedisCluster:
+    """Return a cluster client over ``target.cluster``'s seed nodes (at most
+    ``max_connections`` per node). It learns the slots at its first command and again
+    after ``MOVED``, a lost node or ``CLUSTERDOWN``. Nothing is connected yet."""
+    return _RetryingCluster(
+        startup_nodes=[redis_async_cluster.ClusterNode(h, p) for h, p in target.cluster],
+        require_full_coverage=False,  # the other primaries serve while one fails over
+        max_connections=max_connections,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        **target._cluster_kwargs(),
+    )
+
+
+async def ping_primaries(client: redis_async_cluster.RedisCluster) -> None:
+    """PING every primary of the cluster client's slot map, each on its own connection and
+    without the client's retries (a dead one fails now, not after its backoff). Leaves the
+    slot map alone (re-reading it is the reader's: see ``ClusterReader.regroup_soon``).
+    Raises what a PING raised (a ``ConnectionError`` for a dead node)."""
+    await client.initialize()  # (nothing once it knows the slots)
+    await asyncio.gather(*(node.execute_command("PING") for node in client.get_primaries()))
+
+
+def async_node_client(
+    target: RedisTarget, host: str, port: int, connect_timeout_s: float, socket_timeout_s: float
+) -> redis_asyncio.Redis:
+    """Return a one-connection client to one cluster node (a node's reader), with the
+    URL's credentials and TLS."""
+    return redis_asyncio.Redis(
+        host=host,
+        port=port,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        single_connection_client=True,
+        **target._cluster_kwargs(),
+    )
+
+
 def async_client(
     target: RedisTarget, *, connect_timeout_s: float, socket_timeout_s: float
 ) -> redis_asyncio.Redis:
@@ -183,10 +278,23 @@ def async_client(
     )
 
 
-def sync_client(target: RedisTarget, timeout_s: float) -> redis.Redis:
+def sync_client(target: RedisTarget, timeout_s: float) -> Any:
     """Return a synchronous client whose connect and commands are bounded by ``timeout_s``
-    and never retried (one-shot use from a thread or a management command)."""
+    and never retried (one-shot use from a thread or a management command): a
+    ``redis.Redis``, or a ``redis.cluster.RedisCluster`` for a cluster."""
     no_retry = Retry(NoBackoff(), 0)
+    if target.cluster:
+        return sync_cluster.RedisCluster(
+            startup_nodes=[
+                sync_cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in target.cluster
+            ],
+            require_full_coverage=False,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+            retry=no_retry,
+            **target._cluster_kwargs(),
+        )
     if target.sentinels:
         manager = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
             target.sentinels,
@@ -218,6 +326,11 @@ UNAVAILABLE_ERRORS: Final = (
     redis_errors.TryAgainError,
     # With maxmemory-policy noeviction a full Redis refuses writes: not our bug, a 503.
     redis_errors.OutOfMemoryError,
+    # A cluster failing over: a slot without a primary, the cluster down for now.
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.MasterDownError,
+    redis_errors.MaxConnectionsError,
     OSError,
 )
 
@@ -239,6 +352,8 @@ def is_unavailable(exc: BaseException) -> bool:
     """
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return True
+    if isinstance(exc, redis_errors.RedisClusterException):  # no seed node answered
+        return "cannot be connected" in str(exc)
     return isinstance(exc, redis_errors.ResponseError) and bool(
         _TRANSIENT_REPLY_RE.search(str(exc))
     )
@@ -246,11 +361,16 @@ def is_unavailable(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def unavailable_as_error() -> Any:
-    """Turn the errors :func:`is_unavailable` accepts (and OSError) into
-    :class:`BackendUnavailableError`; other errors pass through."""
+    """Turn the errors :func:`is_unavailable` accepts (and OSError, and a connection
+    closed under a command by the cluster client) into :class:`BackendUnavailableError`;
+    other errors pass through."""
     try:
         yield
-    except redis_errors.RedisError as exc:
+    except (AttributeError, RuntimeError) as exc:
+        if not _CLOSED_UNDER_COMMAND.search(str(exc)):
+            raise
+        raise BackendUnavailableError(f"Redis connection closed under the command: {exc}") from exc
+    except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
         if not is_unavailable(exc):
             raise
         raise BackendUnavailableError(f"Redis is unavailable: {type(exc).__name__}: {exc}") from exc

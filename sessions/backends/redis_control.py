@@ -34,12 +34,13 @@ logger = logging.getLogger("qwenweb.runtime")
 
 
 def redis_target(config: QwenwebConfig) -> RedisTarget:
-    """Where the settings put the Redis primary: ``REDIS_URL``, or its Sentinels."""
+    """Where the settings put Redis: ``REDIS_URL``, its Sentinels, or a Cluster's seeds."""
     return RedisTarget(
         config.redis_url,
         config.redis_sentinels,
         config.redis_sentinel_service,
         config.redis_sentinel_password,
+        config.redis_cluster,
     )
 
 

@@ -69,7 +69,8 @@ TRIM_BATCH: Final = 1000
 # to live after a close (ms), 6 idempotency key ("" for none), 7 its request digest,
 # 8 now (epoch ms), 9 the keys' time to live (ms), 10 at most this many keys, 11 the batch,
 # 12 the byte limit, 13 the age limit (ms, 0: none), 14 bytes counted per entry beyond
-# its envelope, 15 at most this many entries trimmed.
+# its envelope, 15 at most this many entries trimmed, 16 the session's sharded notify
+# channel, told the new id ("" for none: on one Redis the readers block in XREAD).
 # -> {"ok", epoch, id} | {"replay", "<id> <epoch> <digest>"} | {"closed", epoch}
 #    | {"noepoch"} | {"stale", epoch}
 PUBLISH_LUA: Final = """
@@ -103,6 +104,7 @@ else  -- written before byte counts: start from Redis's estimate of the stream
   held = (ok and tonumber(usage)) or 0
 end
 redis.call('XADD', KEYS[2], id .. '-0', 'e', ARGV[1], 't', ARGV[8])
+if ARGV[16] and ARGV[16] ~= '' then redis.call('SPUBLISH', ARGV[16], id) end
 held = held + string.len(ARGV[1]) + overhead
 local count = redis.call('XLEN', KEYS[2])
 local maxlen, maxbytes, maxage = tonumber(ARGV[2]), tonumber(ARGV[12]), tonumber(ARGV[13])

@@ -11,11 +11,15 @@ session's keys in one Redis Cluster slot):
                    event's compact JSON envelope *without* its ``id`` (the id is the
                    entry id) and ``t`` (epoch ms when appended); trimmed by count, bytes
                    and age by the publish script (:mod:`redis_scripts`).
+``P:s:{S}:notify`` (Cluster only) sharded pub/sub channel: the publish script announces
+                   each new id there (:mod:`redis_cluster_reader`).
 ``P:proc:<uid>``   one process's report (JSON), written with a TTL.
 ``P:procs``        sorted set of process uids by last report time.
 ``P:proc:<uid>:wake`` a one-entry stream whose new entry wakes that process's reader.
 ``P:control``      pub/sub channel of control messages (disconnect a session's subscribers;
-                   the operator dashboard's activity items, relayed to the other processes).
+                   the operator dashboard's activity items, relayed to the other processes);
+                   on a Cluster a sharded one (``SPUBLISH``). There each script and
+                   ``MULTI`` touches one slot; the reader is :mod:`redis_cluster_reader`.
 
 Ids are assigned by one Lua script (``HINCRBY`` + ``XADD`` together), so they are plain
 integers without gaps in an epoch, whatever process publishes. If Redis loses a session's
@@ -41,7 +45,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -55,10 +59,15 @@ from sessions.backends.redis_clients import (
     UNAVAILABLE_ERRORS,
     RedisTarget,
     async_client,
+    async_cluster,
+    async_node_client,
     async_pool,
     is_unavailable,
     unavailable_as_error,
 )
+from sessions.backends.redis_cluster_reader import ClusterReader
+from sessions.backends.redis_listener import listen_control, report_forever
+from sessions.backends.redis_replication import publish_replicated, replicated
 from sessions.backends.redis_scripts import (
     CLOSED_KEYS_TTL_MS,
     ENSURE_LUA,
@@ -117,7 +126,8 @@ class SessionWindow:
 
 
 EntryHandler = Callable[[str, list[tuple[int, bytes]]], None]
-OutageHandler = Callable[[BaseException], None]
+#: ``(error, sessions)``: sessions None for all (one Redis), else one cluster node's.
+OutageHandler = Callable[[BaseException, Collection[str] | None], None]
 RecoveryHandler = Callable[[], None]
 ControlHandler = Callable[[Mapping[str, Any]], None]
 
@@ -137,34 +147,55 @@ class RedisStore:
             (Sentinels: every connection follows the current primary).
         prefix: the key prefix (several deployments or test runs can share one Redis).
         process_ttl_s: how long a process's report stays without being renewed.
+        wait: ``(REDIS_WAIT_REPLICAS, REDIS_WAIT_TIMEOUT_MS)``.
     """
 
     def __init__(
-        self, target: str | RedisTarget, prefix: str, *, process_ttl_s: float = 10.0
+        self,
+        target: str | RedisTarget,
+        prefix: str,
+        *,
+        process_ttl_s: float = 10.0,
+        wait: tuple[int, int] = (0, 1000),
     ) -> None:
         self.prefix = prefix
+        #: ``(REDIS_WAIT_REPLICAS, its timeout ms)``: replicas > 0: nothing is handed on
+        #: (reader, window) before it is on that many replicas (:mod:`redis_replication`).
+        self.wait = wait
         self.process_ttl_s = process_ttl_s
         self.process_uid = secrets.token_hex(8)
         self.loop = asyncio.get_running_loop()
         self.target = target if isinstance(target, RedisTarget) else RedisTarget(target)
         self.url = self.target.url
-        pool = async_pool(
-            self.target,
-            max_connections=_POOL_SIZE,
-            timeout_s=_COMMAND_TIMEOUT_S,
-            connect_timeout_s=_CONNECT_TIMEOUT_S,
-            socket_timeout_s=_COMMAND_TIMEOUT_S,
-        )
-        self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
+        self.is_cluster = bool(self.target.cluster)
+        self.client: Any
+        if self.target.cluster:
+            self.client = async_cluster(
+                self.target,
+                max_connections=_POOL_SIZE,
+                connect_timeout_s=_CONNECT_TIMEOUT_S,
+                socket_timeout_s=_COMMAND_TIMEOUT_S,
+            )
+        else:
+            pool = async_pool(
+                self.target,
+                max_connections=_POOL_SIZE,
+                timeout_s=_COMMAND_TIMEOUT_S,
+                connect_timeout_s=_CONNECT_TIMEOUT_S,
+                socket_timeout_s=_COMMAND_TIMEOUT_S,
+            )
+            self.client = redis_asyncio.Redis.from_pool(pool)  # closes the pool with it
+        self.cluster_reader: ClusterReader | None = None
         self._publish_script = self.client.register_script(PUBLISH_LUA)
         self._ensure_script = self.client.register_script(ENSURE_LUA)
         self._restart_script = self.client.register_script(RESTART_LUA)
         self._watched: dict[str, int] = {}  # session id -> last id handed to the handler
         self._wake_key = f"{prefix}:proc:{self.process_uid}:wake"
+        self._ack_key = f"{prefix}:proc:{self.process_uid}:ack"  # (written to WAIT on)
         self._wake_seen = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
         # Set by aclose: the loops end even where redis-py swallowed the cancellation.
-        self._closing = False
+        self.closing = False
         self.available = True
         #: ``(host, port)`` the reader last read from (with Sentinels: the primary they
         #: named), None before its first read.
@@ -176,7 +207,7 @@ class RedisStore:
         self._poke = asyncio.Event()
         # Set while Redis has confirmed the control listener's subscription: from then on
         # PUBLISH counts this process among the receivers of its own control messages.
-        self._subscribed = asyncio.Event()
+        self.subscribed = asyncio.Event()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -191,9 +222,18 @@ class RedisStore:
         base = f"{self.prefix}:s:{{{session_id}}}"
         return f"{base}:idem", f"{base}:idemt"
 
+    def notify_channel(self, session_id: str) -> str:
+        """The session's sharded notify channel (Cluster only; same slot as its keys)."""
+        return f"{self.prefix}:s:{{{session_id}}}:notify"
+
     @property
     def control_channel(self) -> str:
         return f"{self.prefix}:control"
+
+    def node_client(self, host: str, port: int) -> redis_asyncio.Redis:
+        """A one-connection client to one cluster node (its reader, the control listener)."""
+        timeouts = (_CONNECT_TIMEOUT_S, _COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000)
+        return async_node_client(self.target, host, port, *timeouts)
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -248,6 +288,9 @@ class RedisStore:
         say ``master``: a demoted primary answers too). Raises
         :class:`BackendUnavailableError`."""
         with unavailable_as_error():
+            if self.cluster_reader is not None:  # every primary, every node's reader
+                await self.cluster_reader.ping()
+                return
             if not self.target.sentinels:
                 await self.client.ping()
                 return
@@ -269,15 +312,19 @@ class RedisStore:
         )
 
     async def window(self, session_id: str) -> SessionWindow:
-        """Read the head and every entry of the shared ring in one transaction (MULTI).
+        """Read the head and every entry of the shared ring in one transaction (MULTI);
+        with ``wait``, only once all of it is on that many replicas.
 
-        Raises :class:`BackendUnavailableError`.
+        Raises :class:`BackendUnavailableError` (also: not replicated in time).
         """
         with unavailable_as_error():
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hmget(self.meta_key(session_id), ["epoch", "last", "closed"])
                 pipe.xrange(self.stream_key(session_id), "-", "+")
                 (epoch, last, closed), raw_entries = await pipe.execute()
+            waits = self.wait[0] and raw_entries  # (nothing to hand on: nothing to confirm)
+            if waits and not await replicated(self.client, self._ack_key, *self.wait):
+                raise BackendUnavailableError("the session's events are not replicated yet")
         head = SessionHead(
             epoch=_text(epoch) if epoch is not None else None,
             last_event_id=int(last or 0),
@@ -301,8 +348,6 @@ class RedisStore:
         max_bytes: int = DEFAULT_RING_MAX_BYTES,
         max_age_s: float = 0.0,
         closed_ttl_ms: int = CLOSED_KEYS_TTL_MS,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = 1000,
     ) -> PublishOutcome:
         """Assign the next id and append ``body`` to the shared ring, then trim it to
         ``ring_size`` entries, ``max_bytes`` (of :func:`~sessions.bus.held_bytes`) and
@@ -318,9 +363,10 @@ class RedisStore:
         ``idempotency_ttl_s``) appends nothing and answers status ``replay`` with its first
         result; a new key is stored with the new id, at most ``idempotency_max_keys`` per
         session (oldest dropped), all in the same script. The caller compares digests.
-        ``wait_replicas`` > 0: ``WAIT wait_replicas wait_timeout_ms`` follows the script on
-        the same connection (a pipeline), also for a replayed key (after a write that covers
-        the first one), so an ``ok`` or ``replay`` is on that many replicas.
+        The store's ``wait`` replicas > 0: ``WAIT <replicas> <timeout ms>`` follows
+        the script on the same connection (a pipeline), also for a replayed key (after a
+        write that covers the first one), so an ``ok`` or ``replay`` is on that many
+        replicas.
 
         Raises:
             OutcomeUnknownError: fewer replicas confirmed in time (the write may be lost
@@ -349,13 +395,13 @@ class RedisStore:
             int(max_age_s * 1000),
             FRAME_OVERHEAD_BYTES,
             TRIM_BATCH,
+            self.notify_channel(session_id) if self.is_cluster else "",
         ]
         try:
             with unavailable_as_error():
-                if wait_replicas:
-                    reply = await self._publish_replicated(
-                        keys, args, wait_replicas, wait_timeout_ms
-                    )
+                if self.wait[0]:
+                    script = self._publish_script
+                    reply = await publish_replicated(self.client, script, keys, args, *self.wait)
                 else:
                     reply = await self._publish_script(keys=keys, args=args)
         except OutcomeUnknownError:
@@ -376,36 +422,6 @@ class RedisStore:
         if status in ("closed", "stale"):
             return PublishOutcome(status, _text(reply[1]))
         return PublishOutcome("noepoch")
-
-    async def _publish_replicated(
-        self, keys: list[str], args: list[bytes | str | int], replicas: int, timeout_ms: int
-    ) -> Any:
-        """The publish script, then ``WAIT`` on the same connection; raises
-        :class:`OutcomeUnknownError` if fewer than ``replicas`` confirmed in time."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            await self._publish_script(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", replicas, timeout_ms)
-            reply, acked = await pipe.execute()
-        if _text(reply[0]) == "replay":
-            # A replay writes nothing, and WAIT covers only this connection's own writes:
-            # one write now (the TTL the script gives the key hash) makes it cover the
-            # first publish, whichever connection made it.
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.pexpire(keys[2], int(args[8]))
-                pipe.execute_command("WAIT", replicas, timeout_ms)
-                _, acked = await pipe.execute()
-        if _text(reply[0]) in ("ok", "replay") and int(acked) < replicas:
-            logger.warning(
-                "publish_outcome_unknown key=%s replicas=%d wanted=%d timeout_ms=%d",
-                keys[0],
-                int(acked),
-                replicas,
-                timeout_ms,
-            )
-            raise OutcomeUnknownError(
-                f"{int(acked)} of {replicas} replicas confirmed the publish in {timeout_ms} ms"
-            )
-        return reply
 
     async def recall(self, session_id: str, key: str, *, ttl_s: float = 900.0) -> Remembered | None:
         """Return the first result stored for ``key`` in the session (younger than
@@ -429,22 +445,23 @@ class RedisStore:
         the connect timeout), so that the count leaves this process out exactly.
         Raises :class:`BackendUnavailableError`.
         """
-        if self._tasks and not self._subscribed.is_set():
+        if self._tasks and not self.subscribed.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                    await self._subscribed.wait()
+                    await self.subscribed.wait()
         payload = orjson.dumps({**message, "from": self.process_uid})
         with unavailable_as_error():
-            receivers = int(await self.client.publish(self.control_channel, payload))
-        return max(0, receivers - (1 if self._subscribed.is_set() else 0))
+            send = self.client.spublish if self.is_cluster else self.client.publish
+            receivers = int(await send(self.control_channel, payload))
+        return max(0, receivers - (1 if self.subscribed.is_set() else 0))
 
     async def report(self, report: Mapping[str, Any]) -> None:
         """Write this process's report with the TTL and note the process as alive."""
         now = time.time()
         ttl_ms = max(1, int(self.process_ttl_s * 1000))
         key = f"{self.prefix}:proc:{self.process_uid}"
-        with unavailable_as_error():
-            async with self.client.pipeline(transaction=True) as pipe:
+        with unavailable_as_error():  # (no MULTI: on a Cluster these keys are on several slots)
+            async with self.client.pipeline(transaction=False) as pipe:
                 pipe.set(key, orjson.dumps({**report, "process": self.process_uid}), px=ttl_ms)
                 pipe.zadd(f"{self.prefix}:procs", {self.process_uid: now})
                 pipe.pexpire(self._wake_key, 10 * ttl_ms)  # a killed process leaves none
@@ -457,7 +474,11 @@ class RedisStore:
             uids = await self.client.zrange(f"{self.prefix}:procs", 0, -1)
             if not uids:
                 return []
-            raw = await self.client.mget(report_keys(self.prefix, uids))
+            keys = report_keys(self.prefix, uids)
+            if self.is_cluster:
+                raw = await self.client.mget_nonatomic(keys)
+            else:
+                raw = await self.client.mget(keys)
         return [orjson.loads(item) for item in raw if item is not None]
 
     # -- the reader -------------------------------------------------------------------------
@@ -470,9 +491,15 @@ class RedisStore:
     def unwatch(self, session_id: str) -> None:
         """Stop reading the session's stream. Never raises."""
         self._watched.pop(session_id, None)
+        if self.cluster_reader is not None:
+            self.cluster_reader.regroup_soon()
 
     def _wake(self) -> None:
-        """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream)."""
+        """Make a blocked ``XREAD`` return now (a new entry in this process's wake stream);
+        on a Cluster, group the watched sessions by node again."""
+        if self.cluster_reader is not None:
+            self.cluster_reader.regroup_soon()
+            return
         if not self._tasks:
             return
         task = asyncio.get_running_loop().create_task(self._send_wake())
@@ -499,10 +526,25 @@ class RedisStore:
     ) -> None:
         """Start the reader, the control listener and the reporter on the running loop."""
         loop = asyncio.get_running_loop()
+        reader: Any
+        if self.is_cluster:
+            self.cluster_reader = ClusterReader(
+                self.client,
+                self.node_client,
+                self._watched,
+                self.stream_key,
+                self.notify_channel,
+                on_entries,
+                on_outage,
+                on_recovery,
+            )
+            reader = self.cluster_reader.run()
+        else:
+            reader = self._read_forever(on_entries, on_outage, on_recovery)
         self._tasks = [
-            loop.create_task(self._read_forever(on_entries, on_outage, on_recovery)),
-            loop.create_task(self._listen_forever(on_control)),
-            loop.create_task(self._report_forever(make_report)),
+            loop.create_task(reader),
+            loop.create_task(listen_control(self, on_control)),
+            loop.create_task(report_forever(self, make_report)),
         ]
 
     async def _read_forever(
@@ -515,7 +557,7 @@ class RedisStore:
             socket_timeout_s=_COMMAND_TIMEOUT_S + _READ_BLOCK_MS / 1000,
         )
         try:
-            while not self._closing:
+            while not self.closing:
                 try:
                     await self._read_once(reader, on_entries)
                     if not self.available:
@@ -538,7 +580,7 @@ class RedisStore:
                             self.target.describe(),
                             f"{type(exc).__name__}: {exc}",
                         )
-                        on_outage(exc)
+                        on_outage(exc, None)
                         await self._drop_idle_connections()
                     with contextlib.suppress(Exception):
                         await reader.connection.disconnect()  # type: ignore[union-attr]
@@ -574,6 +616,14 @@ class RedisStore:
             return
         reply: Any = await reader.xread(streams, count=_READ_COUNT, block=_READ_BLOCK_MS)
         self._note_attached(reader)
+        # Hand on only what is on the replicas: a failover cannot take back an event a
+        # client saw. Not yet: read it again (the cursors stay) and ask again.
+        if (
+            self.wait[0]
+            and any(_text(key) != self._wake_key for key, _ in reply or ())
+            and not await replicated(self.client, self._ack_key, *self.wait)
+        ):
+            return
         for raw_key, raw_entries in reply or ():
             key = _text(raw_key)
             if key == self._wake_key:
@@ -592,56 +642,9 @@ class RedisStore:
         if connection is not None:
             self.attached_to = (str(connection.host), int(connection.port))
 
-    async def _listen_forever(self, on_control: ControlHandler) -> None:
-        backoff = _BACKOFF_START_S
-        while not self._closing:
-            pubsub = self.client.pubsub()
-            try:
-                await pubsub.subscribe(self.control_channel)
-                backoff = _BACKOFF_START_S
-                while not self._closing:
-                    message = await pubsub.get_message(timeout=_READ_BLOCK_MS / 1000)
-                    if message is None:
-                        continue
-                    if message["type"] == "subscribe":  # Redis confirmed the subscription
-                        self._subscribed.set()
-                        continue
-                    if message["type"] != "message":
-                        continue
-                    try:
-                        decoded = orjson.loads(message["data"])
-                    except orjson.JSONDecodeError:
-                        logger.warning("control_message_ignored reason=not_json")
-                        continue
-                    if isinstance(decoded, dict) and decoded.get("from") != self.process_uid:
-                        on_control(decoded)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # never dies: reconnect after a pause
-                if not is_unavailable(exc):
-                    logger.exception("control_listener_failed")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-            finally:
-                self._subscribed.clear()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    async def _report_forever(self, make_report: Callable[[], Mapping[str, Any]]) -> None:
-        interval = max(0.05, self.process_ttl_s / 4)
-        while not self._closing:
-            try:
-                await self.report(make_report())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # never dies; a down Redis is the reader's to log
-                if not isinstance(exc, BackendUnavailableError) and not is_unavailable(exc):
-                    logger.exception("report_failed")
-            await asyncio.sleep(interval)
-
     async def aclose(self) -> None:
         """Stop the tasks, forget this process's report and close the connections."""
-        self._closing = True
+        self.closing = True
         tasks, self._tasks = self._tasks, []
         pending = set(tasks)
         while pending:  # redis-py can swallow a cancellation (a read it had just finished)
@@ -650,7 +653,8 @@ class RedisStore:
             _, pending = await asyncio.wait(pending, timeout=_CLOSE_RECANCEL_S)
         await asyncio.gather(*tasks, return_exceptions=True)  # (all done: retrieves errors)
         with contextlib.suppress(Exception):
-            await self.client.delete(f"{self.prefix}:proc:{self.process_uid}", self._wake_key)
+            await self.client.delete(f"{self.prefix}:proc:{self.process_uid}")  # (two slots)
+            await self.client.delete(self._wake_key)
             await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
         with contextlib.suppress(Exception):
             await self.client.aclose()
