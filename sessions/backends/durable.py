@@ -238,7 +238,17 @@ class DurableBackend(MemoryBackend):
             )
         )
         first_id = opened.events[0][0] if opened.events else opened.next_id
-        bus = self.new_bus(session_id, ring_size, start_id=first_id, epoch=opened.epoch)
+        gap = opened.gap
+        if gap is not None and first_id == gap[1]:
+            first_id = gap[0] + 1  # (the ring starts at the gap: the bus starts before it)
+        bus = self.new_bus(
+            session_id,
+            ring_size,
+            start_id=first_id,
+            epoch=opened.epoch,
+            gap=gap,
+            lineage=opened.lineage,
+        )
         for event_id, event_type, body in opened.events:
             bus.ingest(Frame.from_json(event_id, event_type, entry_json(event_id, body)))
         store = IdempotencyStore(config.idempotency_max_keys, config.idempotency_ttl_s)
@@ -262,13 +272,15 @@ class DurableBackend(MemoryBackend):
             )
             raise SessionClosedError(session_id, row.owner_id)
         logger.info(
-            "bus_started session=%s first_id=%d next_id=%d epoch=%s new_epoch=%s replayable=%d",
+            "bus_started session=%s first_id=%d next_id=%d epoch=%s new_epoch=%s replayable=%d"
+            " forked_from=%s",
             session_id,
             first_id,
             opened.next_id,
             opened.epoch,
             opened.new,
             len(opened.events),
+            ",".join(f"{name}:{last}" for name, last in opened.lineage.items()) or "-",
         )
         return live
 
