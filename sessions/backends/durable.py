@@ -16,6 +16,11 @@ Publishing (docs/protocol.md, "Durable history")
     publishers) never raises nor blocks: the event waits in a bounded pending buffer
     (:data:`MAX_PENDING`); past it the event is dropped, counted and logged.
 
+Closed sessions
+    A closed session's history stays readable ``CLOSED_HISTORY_S`` after its close: the
+    closed bus kept since the close, or, after a restart, its newest events read from the
+    log on the first snapshot (lazily, as open sessions are) and kept from then on.
+
 Faults
     A commit that fails (disk full, the budget ``EVENT_LOG_MAX_BYTES`` reached) fails its
     publishes with :class:`StorageFullError` (503 ``storage_full``) and the session's next
@@ -42,6 +47,7 @@ from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import Health, LiveSession, Published, StoreFigures
+from sessions.backends.closed_history import history_kept
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
 from sessions.backends.event_log import (
     Append,
@@ -49,6 +55,7 @@ from sessions.backends.event_log import (
     EventLogError,
     Opened,
     OpenSession,
+    read_history,
 )
 from sessions.backends.event_log import StorageFullError as _LogFull
 from sessions.backends.idempotency import (
@@ -58,7 +65,8 @@ from sessions.backends.idempotency import (
 )
 from sessions.backends.memory import MemoryBackend
 from sessions.backends.redis_store import entry_json
-from sessions.bus import Frame, encode_envelope, envelope_fields
+from sessions.backends.snapshot import SnapshotPage
+from sessions.bus import EventBus, Frame, encode_envelope, envelope_fields
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.models import AgentSession
@@ -237,20 +245,8 @@ class DurableBackend(MemoryBackend):
                 )
             )
         )
-        first_id = opened.events[0][0] if opened.events else opened.next_id
-        gap = opened.gap
-        if gap is not None and first_id == gap[1]:
-            first_id = gap[0] + 1  # (the ring starts at the gap: the bus starts before it)
-        bus = self.new_bus(
-            session_id,
-            ring_size,
-            start_id=first_id,
-            epoch=opened.epoch,
-            gap=gap,
-            lineage=opened.lineage,
-        )
-        for event_id, event_type, body in opened.events:
-            bus.ingest(Frame.from_json(event_id, event_type, entry_json(event_id, body)))
+        bus = self._bus_from_log(session_id, ring_size, opened)
+        first_id = bus.start_id
         store = IdempotencyStore(config.idempotency_max_keys, config.idempotency_ttl_s)
         for key, digest, event_id, epoch in opened.keys:
             store.remember(IdempotencyKey(key, digest), event_id, epoch)
@@ -283,6 +279,54 @@ class DurableBackend(MemoryBackend):
             ",".join(f"{name}:{last}" for name, last in opened.lineage.items()) or "-",
         )
         return live
+
+    def _bus_from_log(self, session_id: str, ring_size: int, opened: Opened) -> EventBus:
+        """A bus of ``opened``'s epoch holding its events (a forked epoch's gap and lineage
+        included, EB-23)."""
+        first_id = opened.events[0][0] if opened.events else opened.next_id
+        gap = opened.gap
+        if gap is not None and first_id == gap[1]:
+            first_id = gap[0] + 1  # (the ring starts at the gap: the bus starts before it)
+        bus = self.new_bus(
+            session_id,
+            ring_size,
+            start_id=first_id,
+            epoch=opened.epoch,
+            gap=gap,
+            lineage=opened.lineage,
+        )
+        for event_id, event_type, body in opened.events:
+            bus.ingest(Frame.from_json(event_id, event_type, entry_json(event_id, body)))
+        return bus
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """The closed session's history within ``CLOSED_HISTORY_S`` of its close: kept in
+        this process since the close, or read from the log once (after a restart) and kept
+        from then on. None past the retention or when the log holds none of its events.
+        Raises :class:`BackendUnavailableError` (the log cannot be read)."""
+        if not history_kept(row.closed_at, self.config.closed_history_s):
+            return None
+        kept = self.closed_histories.get(row.id)
+        if kept is None:
+            ring_size = row.ring_size or self.config.ring_size
+            log = await self._log()
+            read = functools.partial(
+                read_history,
+                session_id=row.id,
+                ring_size=ring_size,
+                ring_max_bytes=self.config.ring_max_bytes,
+            )
+            opened: Opened | None = await self._wait(log.submit(read))
+            if opened is None or not opened.events:
+                return None
+            bus = self._bus_from_log(row.id, ring_size, opened)
+            bus.close()
+            created_at = row.created_at.isoformat()
+            kept = LiveSession(row.id, row.title, row.owner_id, bus, 0, created_at, ring_size)
+            self.closed_histories.keep(row.id, kept)
+        return self._snapshot_page(kept, limit, before, 0)
 
     @staticmethod
     async def _wait(future: asyncio.Future[Any]) -> Any:

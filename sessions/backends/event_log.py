@@ -64,6 +64,7 @@ __all__ = [
     "Opened",
     "StorageFullError",
     "read_boot_id",
+    "read_history",
 ]
 
 from sessions.backends.event_log_sql import (
@@ -77,6 +78,7 @@ from sessions.backends.event_log_sql import (
     Rows,
     migrate,
     read_boot_id,
+    read_history,
     read_session,
     trim_step,
     wal_torn,

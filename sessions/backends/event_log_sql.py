@@ -33,6 +33,7 @@ __all__ = [
     "Rows",
     "migrate",
     "read_boot_id",
+    "read_history",
     "read_session",
     "trim_step",
     "wal_torn",
@@ -244,19 +245,7 @@ def read_session(conn: sqlite3.Connection, op: OpenSession, generation: int) -> 
         head = fork_head(conn, op, head, generation)
         new = True
     epoch, epoch_start, next_id, _, closed_at, fork_id, fork_next, lineage = head
-    rows = conn.execute(
-        "SELECT id, type, body FROM events WHERE session_id = ? AND id >= ? "
-        "ORDER BY id DESC LIMIT ?",
-        (op.session_id, epoch_start, op.ring_size),
-    ).fetchall()
-    events: list[tuple[int, str, bytes]] = []
-    held = 0
-    for event_id, event_type, body in rows:
-        held += len(body)
-        if events and held > op.ring_max_bytes:
-            break
-        events.append((event_id, event_type, bytes(body)))
-    events.reverse()
+    events = _newest_events(conn, op.session_id, epoch_start, op.ring_size, op.ring_max_bytes)
     keys = conn.execute(
         "SELECT key, digest, id, epoch FROM keys WHERE session_id = ? AND at >= ? "
         "ORDER BY at DESC LIMIT ?",
@@ -265,6 +254,45 @@ def read_session(conn: sqlite3.Connection, op: OpenSession, generation: int) -> 
     keys.reverse()
     gap = (fork_id, fork_next) if fork_id is not None else None
     return Opened(epoch, next_id, events, keys, new, closed_at is not None, gap, _lineage(lineage))
+
+
+def read_history(
+    conn: sqlite3.Connection, session_id: str, ring_size: int, ring_max_bytes: int
+) -> Opened | None:
+    """Read a session's epoch and newest events as they are, without starting or forking
+    an epoch (a closed session's history; nothing is written). None: no head."""
+    head = conn.execute(
+        "SELECT epoch, epoch_start, next_id, closed_at, fork_id, fork_next, lineage "
+        "FROM heads WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if head is None:
+        return None
+    epoch, epoch_start, next_id, closed_at, fork_id, fork_next, lineage = head
+    events = _newest_events(conn, session_id, epoch_start, ring_size, ring_max_bytes)
+    gap = (fork_id, fork_next) if fork_id is not None else None
+    return Opened(epoch, next_id, events, [], False, closed_at is not None, gap, _lineage(lineage))
+
+
+def _newest_events(
+    conn: sqlite3.Connection, session_id: str, first_id: int, count: int, max_bytes: int
+) -> list[tuple[int, str, bytes]]:
+    """The newest ``count`` events from ``first_id`` on within ``max_bytes`` (the newest
+    always), oldest first."""
+    rows = conn.execute(
+        "SELECT id, type, body FROM events WHERE session_id = ? AND id >= ? "
+        "ORDER BY id DESC LIMIT ?",
+        (session_id, first_id, count),
+    ).fetchall()
+    events: list[tuple[int, str, bytes]] = []
+    held = 0
+    for event_id, event_type, body in rows:
+        held += len(body)
+        if events and held > max_bytes:
+            break
+        events.append((event_id, event_type, bytes(body)))
+    events.reverse()
+    return events
 
 
 def fork_head(
