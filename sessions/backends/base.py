@@ -38,6 +38,7 @@ from channels.db import database_sync_to_async
 from sessions import token_versions
 from sessions.backends import rows
 from sessions.backends.errors import (
+    BackendStartError,
     BackendUnavailableError,
     QuotaExceededError,
     SessionClosedError,
@@ -62,6 +63,7 @@ from sessions.runtime import ServerLoop
 __all__ = [
     "OPERATOR_DISCONNECT",
     "Backend",
+    "BackendStartError",
     "BackendUnavailableError",
     "Disconnected",
     "Health",
@@ -182,6 +184,11 @@ class Backend(ABC):
     def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
         """``check --deploy``: ``[(problem, hint)]`` for this backend (sync; may do I/O)."""
         return []
+
+    @classmethod  # noqa: B027 - optional: most backends can always start
+    def check_can_start(cls, config: QwenwebConfig) -> None:
+        """Before serving, in the starting process: raise :class:`BackendStartError` (one
+        line) when this backend cannot serve at all, so the server refuses to start."""
 
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         self.config = config

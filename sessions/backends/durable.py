@@ -48,7 +48,11 @@ from django.utils import timezone
 from sessions.backends import rows
 from sessions.backends.base import Health, LiveSession, Published, StoreFigures
 from sessions.backends.closed_history import history_kept
-from sessions.backends.errors import BackendUnavailableError, SessionClosedError
+from sessions.backends.errors import (
+    BackendStartError,
+    BackendUnavailableError,
+    SessionClosedError,
+)
 from sessions.backends.event_log import (
     Append,
     EventLog,
@@ -164,6 +168,33 @@ class DurableBackend(MemoryBackend):
             )
         ]
 
+    @classmethod
+    def check_can_start(cls, config: QwenwebConfig) -> None:
+        """Open the log and close it again: a log that is locked, unreadable or another
+        deployment's raises :class:`BackendStartError` naming the file. What opening
+        finds (a torn WAL, an unclean stop: a new generation) is kept in the log."""
+        loop = asyncio.new_event_loop()
+        try:
+            cls._new_log(config, loop).close()
+        except EventLogError as exc:
+            raise BackendStartError(str(exc)) from None
+        finally:
+            loop.close()
+
+    @staticmethod
+    def _new_log(config: QwenwebConfig, loop: asyncio.AbstractEventLoop) -> EventLog:
+        """The log of ``config`` for ``loop``, open. Raises :class:`EventLogError`."""
+        log = EventLog(
+            log_path(config),
+            loop,
+            synchronous=config.event_log_synchronous,
+            deployment=database_fingerprint(),
+            on_mismatch=config.event_log_on_mismatch,
+            max_bytes=config.event_log_max_bytes,
+        )
+        log.open()
+        return log
+
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         super().__init__(config, hooks)
         self.loop = _OpeningLoop(hooks, self)
@@ -185,16 +216,7 @@ class DurableBackend(MemoryBackend):
             return log
         if log is not None:
             log.close()
-        config = self.config
-        log = EventLog(
-            log_path(config),
-            loop,
-            synchronous=config.event_log_synchronous,
-            deployment=database_fingerprint(),
-            on_mismatch=config.event_log_on_mismatch,
-            max_bytes=config.event_log_max_bytes,
-        )
-        log.open()
+        log = self._new_log(self.config, loop)
         self.log = log
         logger.info(
             "event_log_opened path=%s synchronous=%s generation=%d",
