@@ -225,6 +225,28 @@ async def test_a_second_fork_keeps_the_lineage_and_carries_only_the_run_after_th
     assert e3.lineage == {e2.epoch: 101, e1.epoch: 1}
 
 
+async def test_a_version_2_log_is_upgraded_in_place_and_keeps_its_sessions(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.sqlite3"
+    with sqlite3.connect(path) as conn:  # what version 2 wrote: heads without a fork
+        conn.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE heads (session_id TEXT PRIMARY KEY, epoch TEXT NOT NULL, "
+            "epoch_start INTEGER NOT NULL, next_id INTEGER NOT NULL, "
+            "generation INTEGER NOT NULL, closed_at REAL);"
+            "INSERT INTO meta VALUES ('schema', '2'), ('deployment', 'd1'), ('clean', '1'),"
+            " ('boot_id', 'boot-1'), ('generation', '0');"
+            "INSERT INTO heads VALUES ('s', 'old-epoch', 1, 1, 0, NULL);"
+        )
+    upgraded = _log(path, boot_id="boot-1")
+    opened = await _opened(upgraded)
+    upgraded.close()
+    assert (opened.epoch, opened.new, opened.gap) == ("old-epoch", False, None)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+
+
 def _copy_open_log(path: Path, to: Path) -> None:
     for suffix in ("", "-wal"):
         source = Path(f"{path}{suffix}")
