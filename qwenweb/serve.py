@@ -92,6 +92,19 @@ def check_configuration() -> None:
         connections.close_all()  # the workers are forked from this process
 
 
+def check_backend() -> None:
+    """Let the configured backend refuse to start (``Backend.check_can_start``: e.g. the
+    durable event log is locked, unreadable or another deployment's): one line naming
+    the file, exit status 2, before any server starts."""
+    from sessions.backends import check_can_start
+    from sessions.backends.errors import BackendStartError
+
+    try:
+        check_can_start()
+    except BackendStartError as exc:
+        _fail(str(exc))
+
+
 def clean_metrics_directory() -> None:
     """With ``PROMETHEUS_MULTIPROC_DIR`` set, remove the metric files of processes that no
     longer run (a previous run's workers), so their counts do not live on forever; the
@@ -309,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     # without collectstatic's manifest (DEBUG off) with a traceback instead of this line.
     static = static_mount()
     check_configuration()
+    check_backend()
     clean_metrics_directory()
     _check_workers(options.workers)
     share_ring_budget(options.workers)
@@ -347,6 +361,7 @@ def _serve_daphne(options: argparse.Namespace, rest: list[str]) -> None:
     if options.certfile is not None:
         _fail("--certfile/--keyfile are for granian; daphne here speaks plain HTTP/1.1")
     check_configuration()
+    check_backend()
     clean_metrics_directory()
     from django.conf import settings
 

@@ -20,7 +20,14 @@ from sessions.backends.base import Backend
 from sessions.conf import get_config
 from sessions.hooks import hooks
 
-__all__ = ["BACKEND_ALIASES", "BackendHandler", "backends", "get_backend", "resolve_backend"]
+__all__ = [
+    "BACKEND_ALIASES",
+    "BackendHandler",
+    "backends",
+    "check_can_start",
+    "get_backend",
+    "resolve_backend",
+]
 
 BACKEND_ALIASES: Final = {
     "memory": "sessions.backends.memory.MemoryBackend",
@@ -74,3 +81,11 @@ backends = BackendHandler()
 def get_backend() -> Backend:
     """Return this process's backend (built from settings on first use)."""
     return backends.get()
+
+
+def check_can_start() -> None:
+    """Ask the configured backend whether it can serve, before a server starts
+    (``Backend.check_can_start``; builds no backend). Raises
+    :class:`~sessions.backends.errors.BackendStartError` with one line."""
+    config = get_config()
+    resolve_backend(config.backend).check_can_start(config)

@@ -38,6 +38,7 @@ from channels.db import database_sync_to_async
 from sessions import token_versions
 from sessions.backends import rows
 from sessions.backends.errors import (
+    BackendStartError,
     BackendUnavailableError,
     QuotaExceededError,
     SessionClosedError,
@@ -49,6 +50,7 @@ from sessions.backends.idempotency import (
     IdempotencyStore,
 )
 from sessions.backends.rates import ByteRates, TokenBucket, ValuesQuota
+from sessions.backends.reports import subscriber_row
 from sessions.backends.revoked_streams import Revocation, RevocationSweep, revoked_frame
 from sessions.backends.snapshot import SnapshotPage, snapshot_page
 from sessions.bus import BusStats, EventBus, Frame, Registry, RingBudget, Subscription
@@ -61,6 +63,7 @@ from sessions.runtime import ServerLoop
 __all__ = [
     "OPERATOR_DISCONNECT",
     "Backend",
+    "BackendStartError",
     "BackendUnavailableError",
     "Disconnected",
     "Health",
@@ -157,38 +160,6 @@ class Health:
     problems: tuple[str, ...] = ()
 
 
-def subscriber_row(
-    process: str, live: LiveSession, subscription: Subscription, bytes_per_second: int = 0
-) -> dict[str, Any]:
-    """One row of :meth:`Backend.list_subscribers` for an attached ``subscription``.
-
-    Shape: ``{"id", "process", "user", "clientId", "address", "transport", "since"
-    (epoch s), "lastEventId" (None before any event), "lag" (events behind the head),
-    "queuedFrames", "queuedBytes", "bytesPerSecond"}``; ``user``, ``clientId``, ``address``
-    and ``transport`` (``sse``/``ws``) come from the transport's details (``""`` if none);
-    ``bytesPerSecond`` is the caller's sample (:class:`~sessions.backends.rates.ByteRates`).
-    Never raises, never touches more than the queue's counters.
-    """
-    queue = subscription.statistics()
-    details: Mapping[str, Any] = subscription.details or {}
-    last_sent = subscription.last_event_id
-    head = live.bus.last_event_id
-    return {
-        "id": subscription.label,
-        "process": process,
-        "user": str(details.get("user", "")),
-        "clientId": str(details.get("clientId", "")),
-        "address": str(details.get("address", "")),
-        "transport": str(details.get("transport", "sse")),
-        "since": subscription.since,
-        "lastEventId": last_sent,
-        "lag": max(0, head - (last_sent if last_sent is not None else live.bus.start_id - 1)),
-        "queuedFrames": queue.live_count + queue.forced_count,
-        "queuedBytes": queue.live_bytes,
-        "bytesPerSecond": bytes_per_second,
-    }
-
-
 class Backend(ABC):
     """The interface every backend implements, and the parts they share.
 
@@ -213,6 +184,11 @@ class Backend(ABC):
     def deploy_problems(cls, config: QwenwebConfig) -> list[tuple[str, str]]:
         """``check --deploy``: ``[(problem, hint)]`` for this backend (sync; may do I/O)."""
         return []
+
+    @classmethod  # noqa: B027 - optional: most backends can always start
+    def check_can_start(cls, config: QwenwebConfig) -> None:
+        """Before serving, in the starting process: raise :class:`BackendStartError` (one
+        line) when this backend cannot serve at all, so the server refuses to start."""
 
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         self.config = config
@@ -262,12 +238,20 @@ class Backend(ABC):
         return loaded
 
     def new_bus(
-        self, session_id: str, ring_size: int, *, start_id: int = 1, epoch: str | None = None
+        self,
+        session_id: str,
+        ring_size: int,
+        *,
+        start_id: int = 1,
+        epoch: str | None = None,
+        gap: tuple[int, int] | None = None,
+        lineage: Mapping[str, int] | None = None,
     ) -> EventBus:
         """A bus for ``session_id`` with this process's limits: ``ring_size`` events,
         ``RING_MAX_BYTES``, ``RING_MAX_AGE_S``, the process budget (docs/protocol.md, "Ring
         limits"), ``MAX_SUBSCRIBERS``, ``MAX_QUEUED_BYTES`` and ``OVERFLOW_GRACE_S``. Both
-        backends build theirs here (the Redis backend's mirror passes the store's ``epoch``)."""
+        backends build theirs here (the Redis backend's mirror passes the store's ``epoch``;
+        the durable backend a forked epoch's ``gap`` and ``lineage``, EventBus)."""
         config = self.config
         return EventBus(
             ring_size=ring_size,
@@ -280,6 +264,8 @@ class Backend(ABC):
             ring_max_bytes=config.ring_max_bytes,
             ring_max_age_s=config.ring_max_age_s,
             budget=self.ring_budget,
+            gap=gap,
+            lineage=lineage,
         )
 
     def check_publish_quota(self, live: LiveSession, nbytes: int) -> None:
@@ -567,7 +553,7 @@ class Backend(ABC):
         if live is None:
             return []
         return [
-            subscriber_row(self.process_id, live, s, self.rates.rate(s))
+            subscriber_row(self.process_id, live.bus, s, self.rates.rate(s))
             for s in live.bus.subscriptions()
         ]
 

@@ -16,6 +16,11 @@ Publishing (docs/protocol.md, "Durable history")
     publishers) never raises nor blocks: the event waits in a bounded pending buffer
     (:data:`MAX_PENDING`); past it the event is dropped, counted and logged.
 
+Closed sessions
+    A closed session's history stays readable ``CLOSED_HISTORY_S`` after its close: the
+    closed bus kept since the close, or, after a restart, its newest events read from the
+    log on the first snapshot (lazily, as open sessions are) and kept from then on.
+
 Faults
     A commit that fails (disk full, the budget ``EVENT_LOG_MAX_BYTES`` reached) fails its
     publishes with :class:`StorageFullError` (503 ``storage_full``) and the session's next
@@ -42,13 +47,19 @@ from django.utils import timezone
 
 from sessions.backends import rows
 from sessions.backends.base import Health, LiveSession, Published, StoreFigures
-from sessions.backends.errors import BackendUnavailableError, SessionClosedError
+from sessions.backends.closed_history import history_kept
+from sessions.backends.errors import (
+    BackendStartError,
+    BackendUnavailableError,
+    SessionClosedError,
+)
 from sessions.backends.event_log import (
     Append,
     EventLog,
     EventLogError,
     Opened,
     OpenSession,
+    read_history,
 )
 from sessions.backends.event_log import StorageFullError as _LogFull
 from sessions.backends.idempotency import (
@@ -58,7 +69,8 @@ from sessions.backends.idempotency import (
 )
 from sessions.backends.memory import MemoryBackend
 from sessions.backends.redis_store import entry_json
-from sessions.bus import Frame, encode_envelope, envelope_fields
+from sessions.backends.snapshot import SnapshotPage
+from sessions.bus import EventBus, Frame, encode_envelope, envelope_fields
 from sessions.conf import QwenwebConfig
 from sessions.hooks import Hooks
 from sessions.models import AgentSession
@@ -156,6 +168,33 @@ class DurableBackend(MemoryBackend):
             )
         ]
 
+    @classmethod
+    def check_can_start(cls, config: QwenwebConfig) -> None:
+        """Open the log and close it again: a log that is locked, unreadable or another
+        deployment's raises :class:`BackendStartError` naming the file. What opening
+        finds (a torn WAL, an unclean stop: a new generation) is kept in the log."""
+        loop = asyncio.new_event_loop()
+        try:
+            cls._new_log(config, loop).close()
+        except EventLogError as exc:
+            raise BackendStartError(str(exc)) from None
+        finally:
+            loop.close()
+
+    @staticmethod
+    def _new_log(config: QwenwebConfig, loop: asyncio.AbstractEventLoop) -> EventLog:
+        """The log of ``config`` for ``loop``, open. Raises :class:`EventLogError`."""
+        log = EventLog(
+            log_path(config),
+            loop,
+            synchronous=config.event_log_synchronous,
+            deployment=database_fingerprint(),
+            on_mismatch=config.event_log_on_mismatch,
+            max_bytes=config.event_log_max_bytes,
+        )
+        log.open()
+        return log
+
     def __init__(self, config: QwenwebConfig, hooks: Hooks) -> None:
         super().__init__(config, hooks)
         self.loop = _OpeningLoop(hooks, self)
@@ -177,16 +216,7 @@ class DurableBackend(MemoryBackend):
             return log
         if log is not None:
             log.close()
-        config = self.config
-        log = EventLog(
-            log_path(config),
-            loop,
-            synchronous=config.event_log_synchronous,
-            deployment=database_fingerprint(),
-            on_mismatch=config.event_log_on_mismatch,
-            max_bytes=config.event_log_max_bytes,
-        )
-        log.open()
+        log = self._new_log(self.config, loop)
         self.log = log
         logger.info(
             "event_log_opened path=%s synchronous=%s generation=%d",
@@ -237,10 +267,8 @@ class DurableBackend(MemoryBackend):
                 )
             )
         )
-        first_id = opened.events[0][0] if opened.events else opened.next_id
-        bus = self.new_bus(session_id, ring_size, start_id=first_id, epoch=opened.epoch)
-        for event_id, event_type, body in opened.events:
-            bus.ingest(Frame.from_json(event_id, event_type, entry_json(event_id, body)))
+        bus = self._bus_from_log(session_id, ring_size, opened)
+        first_id = bus.start_id
         store = IdempotencyStore(config.idempotency_max_keys, config.idempotency_ttl_s)
         for key, digest, event_id, epoch in opened.keys:
             store.remember(IdempotencyKey(key, digest), event_id, epoch)
@@ -262,15 +290,65 @@ class DurableBackend(MemoryBackend):
             )
             raise SessionClosedError(session_id, row.owner_id)
         logger.info(
-            "bus_started session=%s first_id=%d next_id=%d epoch=%s new_epoch=%s replayable=%d",
+            "bus_started session=%s first_id=%d next_id=%d epoch=%s new_epoch=%s replayable=%d"
+            " forked_from=%s",
             session_id,
             first_id,
             opened.next_id,
             opened.epoch,
             opened.new,
             len(opened.events),
+            ",".join(f"{name}:{last}" for name, last in opened.lineage.items()) or "-",
         )
         return live
+
+    def _bus_from_log(self, session_id: str, ring_size: int, opened: Opened) -> EventBus:
+        """A bus of ``opened``'s epoch holding its events (a forked epoch's gap and lineage
+        included, EB-23)."""
+        first_id = opened.events[0][0] if opened.events else opened.next_id
+        gap = opened.gap
+        if gap is not None and first_id == gap[1]:
+            first_id = gap[0] + 1  # (the ring starts at the gap: the bus starts before it)
+        bus = self.new_bus(
+            session_id,
+            ring_size,
+            start_id=first_id,
+            epoch=opened.epoch,
+            gap=gap,
+            lineage=opened.lineage,
+        )
+        for event_id, event_type, body in opened.events:
+            bus.ingest(Frame.from_json(event_id, event_type, entry_json(event_id, body)))
+        return bus
+
+    async def closed_snapshot(
+        self, row: AgentSession, *, limit: int | None = None, before: int | None = None
+    ) -> SnapshotPage | None:
+        """The closed session's history within ``CLOSED_HISTORY_S`` of its close: kept in
+        this process since the close, or read from the log once (after a restart) and kept
+        from then on. None past the retention or when the log holds none of its events.
+        Raises :class:`BackendUnavailableError` (the log cannot be read)."""
+        if not history_kept(row.closed_at, self.config.closed_history_s):
+            return None
+        kept = self.closed_histories.get(row.id)
+        if kept is None:
+            ring_size = row.ring_size or self.config.ring_size
+            log = await self._log()
+            read = functools.partial(
+                read_history,
+                session_id=row.id,
+                ring_size=ring_size,
+                ring_max_bytes=self.config.ring_max_bytes,
+            )
+            opened: Opened | None = await self._wait(log.submit(read))
+            if opened is None or not opened.events:
+                return None
+            bus = self._bus_from_log(row.id, ring_size, opened)
+            bus.close()
+            created_at = row.created_at.isoformat()
+            kept = LiveSession(row.id, row.title, row.owner_id, bus, 0, created_at, ring_size)
+            self.closed_histories.keep(row.id, kept)
+        return self._snapshot_page(kept, limit, before, 0)
 
     @staticmethod
     async def _wait(future: asyncio.Future[Any]) -> Any:

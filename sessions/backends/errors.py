@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BackendStartError",
     "BackendUnavailableError",
     "OutcomeUnknownError",
     "QuotaExceededError",
@@ -25,6 +26,11 @@ class SessionClosedError(Exception):
     def __init__(self, session_id: str, owner_id: int | None) -> None:
         super().__init__(session_id)
         self.owner_id = owner_id
+
+
+class BackendStartError(Exception):
+    """Raised by ``Backend.check_can_start`` when the backend cannot serve at all (its
+    message is one line naming what is wrong, e.g. the file)."""
 
 
 class BackendUnavailableError(Exception):

@@ -64,17 +64,21 @@ __all__ = [
     "Opened",
     "StorageFullError",
     "read_boot_id",
+    "read_history",
 ]
 
 from sessions.backends.event_log_sql import (
     SCHEMA,
     SCHEMA_VERSION,
+    UPGRADABLE_VERSIONS,
     Append,
     CloseSession,
     Opened,
     OpenSession,
     Rows,
+    migrate,
     read_boot_id,
+    read_history,
     read_session,
     trim_step,
     wal_torn,
@@ -362,8 +366,9 @@ class EventLog:
                 f"event log {path} is unreadable ({exc}); move it aside or set "
                 "EVENT_LOG_ON_MISMATCH=new_epoch"
             ) from None
+        version = meta.get("schema", SCHEMA_VERSION)
         if meta and (
-            meta.get("schema") != SCHEMA_VERSION
+            version not in (SCHEMA_VERSION, *UPGRADABLE_VERSIONS)
             or (self.deployment and meta.get("deployment", self.deployment) != self.deployment)
         ):
             raise ForeignLogError(
@@ -380,12 +385,16 @@ class EventLog:
             logger.warning("event_log_new_generation path=%s reason=unclean_machine_stop", path)
         elif meta and self._torn:
             # SQLite recovers the WAL up to its last whole transaction; the ids of the torn
-            # one may have been acknowledged and seen: never issue them again.
+            # one may have been acknowledged and seen: never issue them again (each session
+            # forks: its committed events go on in a new epoch, docs/protocol.md).
             generation += 1
             logger.warning("event_log_new_generation path=%s reason=torn_wal", path)
         self.generation = generation
         self.stats.rows = int(meta.get("rows", "0"))
         conn.execute("BEGIN IMMEDIATE")
+        if version != SCHEMA_VERSION:
+            migrate(conn, version)
+            logger.info("event_log_upgraded path=%s from=%s to=%s", path, version, SCHEMA_VERSION)
         for key, value in (
             ("schema", SCHEMA_VERSION),
             ("deployment", meta.get("deployment", self.deployment)),

@@ -4,8 +4,9 @@ thread, no connection of its own: :mod:`sessions.backends.event_log` has those).
 Called on the log's writer thread, inside its transaction, with its one connection.
 Tables: ``meta`` (schema, deployment, boot id, clean stop, generation, rows), ``heads``
 (per session: epoch, the epoch's first id, the next id, the generation it belongs to,
-when it closed), ``events`` (per session and id: type, envelope JSON without ``id``,
-when committed), ``keys`` (idempotency keys with their first answer).
+when it closed, and for a forked epoch its gap and lineage), ``events`` (per session and
+id: type, envelope JSON without ``id``, when committed), ``keys`` (idempotency keys with
+their first answer).
 """
 
 from __future__ import annotations
@@ -15,26 +16,35 @@ import os
 import secrets
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
+    "MAX_LINEAGE",
     "SCHEMA",
     "SCHEMA_VERSION",
     "TRIM_STEP_ROWS",
+    "UPGRADABLE_VERSIONS",
     "Append",
     "CloseSession",
     "OpenSession",
     "Opened",
     "Rows",
+    "migrate",
     "read_boot_id",
+    "read_history",
     "read_session",
     "trim_step",
     "wal_torn",
 ]
 
-SCHEMA_VERSION: Final = "2"
+SCHEMA_VERSION: Final = "3"
+"""Version 3 adds a forked epoch's ``fork_id``, ``fork_next`` and ``lineage`` to ``heads``
+(:func:`migrate` upgrades a version 2 log in place)."""
+UPGRADABLE_VERSIONS: Final = ("2",)
+MAX_LINEAGE: Final = 8
+"""Ancestor epochs a forked epoch remembers at most (the nearest)."""
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,7 +54,10 @@ CREATE TABLE IF NOT EXISTS heads (
     epoch_start INTEGER NOT NULL,
     next_id INTEGER NOT NULL,
     generation INTEGER NOT NULL,
-    closed_at REAL
+    closed_at REAL,
+    fork_id INTEGER,
+    fork_next INTEGER,
+    lineage TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -87,6 +100,14 @@ def wal_torn(path: Path) -> bool:
         return True
     page_size = int.from_bytes(header[8:12], "big")
     return page_size < 512 or (size - 32) % (24 + page_size) != 0
+
+
+def migrate(conn: sqlite3.Connection, version: str) -> None:
+    """Upgrade a log of schema ``version`` to :data:`SCHEMA_VERSION` (in the caller's
+    transaction). Raises ``sqlite3.Error``."""
+    if version == "2":
+        for column in ("fork_id INTEGER", "fork_next INTEGER", "lineage TEXT NOT NULL DEFAULT ''"):
+            conn.execute(f"ALTER TABLE heads ADD COLUMN {column}")
 
 
 def read_boot_id() -> str:
@@ -136,7 +157,9 @@ class OpenSession:
 class Opened:
     """A session as the log has it: ``epoch``, ``next_id``, its newest ``events``
     (``(id, type, body)``, oldest first), its live ``keys`` (``(key, digest, id, epoch)``,
-    oldest first), and whether the epoch is ``new``."""
+    oldest first), and whether the epoch is ``new``. A forked epoch (EB-23)
+    also has its ``gap`` (``(fork id, first own id)``) and ``lineage``
+    (``{ancestor epoch: last id shared}``)."""
 
     epoch: str
     next_id: int
@@ -144,6 +167,8 @@ class Opened:
     keys: list[tuple[str, str, int, str]]
     new: bool
     closed: bool = False
+    gap: tuple[int, int] | None = None
+    lineage: dict[str, int] = field(default_factory=dict)
 
 
 ROWS_PER_INSERT: Final = 500
@@ -199,42 +224,121 @@ class Rows:
 
 def read_session(conn: sqlite3.Connection, op: OpenSession, generation: int) -> Opened:
     """Read a session's head, newest events and live keys (:class:`OpenSession`); start a
-    new epoch for a session without a head or with one of another ``generation``."""
+    new epoch for a session without a head, and fork one whose head is of another
+    ``generation`` (:func:`fork_head`)."""
     head = conn.execute(
-        "SELECT epoch, epoch_start, next_id, generation, closed_at FROM heads WHERE session_id = ?",
+        "SELECT epoch, epoch_start, next_id, generation, closed_at, fork_id, fork_next, lineage "
+        "FROM heads WHERE session_id = ?",
         (op.session_id,),
     ).fetchone()
-    if head is not None and head[3] == generation:
-        epoch, epoch_start, next_id = head[0], head[1], head[2]
-        rows = conn.execute(
-            "SELECT id, type, body FROM events WHERE session_id = ? AND id >= ? "
-            "ORDER BY id DESC LIMIT ?",
-            (op.session_id, epoch_start, op.ring_size),
-        ).fetchall()
-        events: list[tuple[int, str, bytes]] = []
-        held = 0
-        for event_id, event_type, body in rows:
-            held += len(body)
-            if events and held > op.ring_max_bytes:
-                break
-            events.append((event_id, event_type, bytes(body)))
-        events.reverse()
-        keys = conn.execute(
-            "SELECT key, digest, id, epoch FROM keys WHERE session_id = ? AND at >= ? "
-            "ORDER BY at DESC LIMIT ?",
-            (op.session_id, time.time() - op.key_ttl_s, op.max_keys),
-        ).fetchall()
-        keys.reverse()
-        return Opened(epoch, next_id, events, keys, False, head[4] is not None)
-    # A new epoch: no head, or one from before an unclean machine stop (its last
-    # commits may be lost): above every id the old epoch could have issued.
-    start = max(op.fresh_start, head[2] + 1 if head is not None else 1)
-    epoch = secrets.token_urlsafe(12)
-    conn.execute(
-        "INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?, ?, NULL)",
-        (op.session_id, epoch, start, start, generation),
+    new = False
+    if head is None:
+        start = max(op.fresh_start, 1)
+        epoch = secrets.token_urlsafe(12)
+        conn.execute(
+            "INSERT INTO heads (session_id, epoch, epoch_start, next_id, generation) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (op.session_id, epoch, start, start, generation),
+        )
+        return Opened(epoch, start, [], [], True)
+    if head[3] != generation:
+        head = fork_head(conn, op, head, generation)
+        new = True
+    epoch, epoch_start, next_id, _, closed_at, fork_id, fork_next, lineage = head
+    events = _newest_events(conn, op.session_id, epoch_start, op.ring_size, op.ring_max_bytes)
+    keys = conn.execute(
+        "SELECT key, digest, id, epoch FROM keys WHERE session_id = ? AND at >= ? "
+        "ORDER BY at DESC LIMIT ?",
+        (op.session_id, time.time() - op.key_ttl_s, op.max_keys),
+    ).fetchall()
+    keys.reverse()
+    gap = (fork_id, fork_next) if fork_id is not None else None
+    return Opened(epoch, next_id, events, keys, new, closed_at is not None, gap, _lineage(lineage))
+
+
+def read_history(
+    conn: sqlite3.Connection, session_id: str, ring_size: int, ring_max_bytes: int
+) -> Opened | None:
+    """Read a session's epoch and newest events as they are, without starting or forking
+    an epoch (a closed session's history; nothing is written). None: no head."""
+    head = conn.execute(
+        "SELECT epoch, epoch_start, next_id, closed_at, fork_id, fork_next, lineage "
+        "FROM heads WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if head is None:
+        return None
+    epoch, epoch_start, next_id, closed_at, fork_id, fork_next, lineage = head
+    events = _newest_events(conn, session_id, epoch_start, ring_size, ring_max_bytes)
+    gap = (fork_id, fork_next) if fork_id is not None else None
+    return Opened(epoch, next_id, events, [], False, closed_at is not None, gap, _lineage(lineage))
+
+
+def _newest_events(
+    conn: sqlite3.Connection, session_id: str, first_id: int, count: int, max_bytes: int
+) -> list[tuple[int, str, bytes]]:
+    """The newest ``count`` events from ``first_id`` on within ``max_bytes`` (the newest
+    always), oldest first."""
+    rows = conn.execute(
+        "SELECT id, type, body FROM events WHERE session_id = ? AND id >= ? "
+        "ORDER BY id DESC LIMIT ?",
+        (session_id, first_id, count),
+    ).fetchall()
+    events: list[tuple[int, str, bytes]] = []
+    held = 0
+    for event_id, event_type, body in rows:
+        held += len(body)
+        if events and held > max_bytes:
+            break
+        events.append((event_id, event_type, bytes(body)))
+    events.reverse()
+    return events
+
+
+def fork_head(
+    conn: sqlite3.Connection, op: OpenSession, head: tuple[Any, ...], generation: int
+) -> tuple[Any, ...]:
+    """Start a forked epoch for a head the log can no longer vouch for (a torn WAL, an
+    unclean machine stop: its last commits may be lost; EB-23).
+
+    The new epoch carries the old one's committed events (ids up to its last one, P, the
+    fork id), and issues its own from above every id ever issued (``op.fresh_start``, the
+    database's reservation); the old epoch and its ancestors become its lineage, each
+    with the last id it shares. Returns the new head's row (as :func:`read_session` reads
+    it); writes it in the caller's transaction.
+    """
+    epoch, epoch_start, next_id, _, closed_at, fork_id, fork_next, lineage = head
+    own = fork_id is None or next_id != fork_next  # issued ids of its own since its fork
+    last = next_id - 1 if own else fork_id
+    # Its committed events from the start of their contiguous run (after its own gap).
+    first = fork_next if fork_id is not None and last >= fork_next else epoch_start
+    start = max(op.fresh_start, next_id + 1)
+    ancestors = {epoch: last}
+    for ancestor, shared in _lineage(lineage).items():
+        if len(ancestors) < MAX_LINEAGE:
+            ancestors.setdefault(ancestor, min(shared, last))
+    forked = (
+        secrets.token_urlsafe(12),
+        first,
+        start,
+        generation,
+        closed_at,
+        last,
+        start,
+        " ".join(f"{name}:{shared}" for name, shared in ancestors.items()),
     )
-    return Opened(epoch, start, [], [], True)
+    conn.execute(
+        "INSERT OR REPLACE INTO heads (epoch, epoch_start, next_id, generation, closed_at, "
+        "fork_id, fork_next, lineage, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (*forked, op.session_id),
+    )
+    return forked
+
+
+def _lineage(text: str | None) -> dict[str, int]:
+    """``"epoch:id epoch:id"`` as ``{epoch: id}`` (nearest ancestor first)."""
+    pairs = (item.rpartition(":") for item in (text or "").split())
+    return {name: int(shared) for name, _, shared in pairs if name}
 
 
 def trim_step(

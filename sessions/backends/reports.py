@@ -1,4 +1,5 @@
-"""Process reports: a process's live figures as JSON, and their sums over processes.
+"""Process reports: a process's live figures as JSON, and their sums over processes;
+one subscriber's row for operators (:func:`subscriber_row`).
 
 A multi-process backend writes each process's report to its shared store with a time to
 live; operators see the sums over the live processes (:func:`merge_reports`). Pure
@@ -12,9 +13,46 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from sessions.bus import BusStats
+from sessions.bus import BusStats, EventBus, Subscription
 
-__all__ = ["make_report", "merge_reports", "stats_to_json"]
+__all__ = ["make_report", "merge_reports", "stats_to_json", "subscriber_row"]
+
+
+def subscriber_row(
+    process: str, bus: EventBus, subscription: Subscription, bytes_per_second: int = 0
+) -> dict[str, Any]:
+    """One row of ``Backend.list_subscribers`` for a ``subscription`` attached to ``bus``.
+
+    Shape: ``{"id", "process", "user", "clientId", "address", "transport", "since"
+    (epoch s), "lastEventId" (None before any event), "lag" (events behind the head; a
+    forked epoch's gap counts none), "queuedFrames", "queuedBytes", "bytesPerSecond"}``;
+    ``user``, ``clientId``, ``address`` and ``transport`` (``sse``/``ws``) come from the
+    details the transport attached (``""`` when none; ``transport`` ``sse``);
+    ``bytesPerSecond`` is the caller's sample (:class:`~sessions.backends.rates.ByteRates`).
+    Never raises, never touches more than the queue's counters.
+    """
+    queue = subscription.statistics()
+    details: Mapping[str, Any] = subscription.details or {}
+    last_sent = subscription.last_event_id
+    head = bus.last_event_id
+    behind_from = last_sent if last_sent is not None else bus.start_id - 1
+    lag = head - behind_from
+    if bus.gap is not None and behind_from <= bus.gap[0] < head:
+        lag -= bus.gap[1] - bus.gap[0] - 1
+    return {
+        "id": subscription.label,
+        "process": process,
+        "user": str(details.get("user", "")),
+        "clientId": str(details.get("clientId", "")),
+        "address": str(details.get("address", "")),
+        "transport": str(details.get("transport", "sse")),
+        "since": subscription.since,
+        "lastEventId": last_sent,
+        "lag": max(0, lag),
+        "queuedFrames": queue.live_count + queue.forced_count,
+        "queuedBytes": queue.live_bytes,
+        "bytesPerSecond": bytes_per_second,
+    }
 
 
 def stats_to_json(stats: BusStats) -> dict[str, Any]:

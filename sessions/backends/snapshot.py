@@ -156,9 +156,11 @@ def snapshot_page(
 def _last_issued(bus: EventBus) -> int | None:
     """The last id ``bus`` issued: 0 before the first event of a sequence starting at 1,
     None when its epoch started above 1 and has issued nothing yet (a memory-only bus
-    rebuilt after a restart: ``start_id - 1`` was reserved, never issued; EB-1)."""
-    if bus.last_event_id >= bus.start_id or bus.start_id == 1:
-        return bus.last_event_id
+    rebuilt after a restart: ``start_id - 1`` was reserved, never issued; EB-1). A forked
+    epoch that has issued nothing of its own yet: its fork id (shared with its parent)."""
+    last = bus.last_event_id
+    if last >= bus.start_id or bus.start_id == 1 or (bus.gap is not None and last == bus.gap[0]):
+        return last
     return None
 
 

@@ -124,6 +124,12 @@ class EventBus:
         overflow_grace_s: seconds (``>= 0``) a subscriber's queue may stay past 75 % of a
             cap while its consumer is away before the warning and the frame cap apply
             (:mod:`sessions.bus.queue`); 0, the default: at once (strict).
+        gap: a forked epoch's ``(fork id, first own id)`` (EB-23): the ids between are
+            never issued in this epoch, so the event after ``fork id`` is ``first own id``
+            (:meth:`ingest` takes it) and a cursor between them has missed nothing before
+            ``first own id``. None: no gap.
+        lineage: ``{ancestor epoch: the last id it shares with this epoch}``: a cursor of
+            an ancestor at or below its id is a cursor of this epoch (no ``epoch_reset``).
 
     Raises:
         ValueError: ``ring_size`` outside ``[1, 1_000_000]`` (the message names the
@@ -145,6 +151,8 @@ class EventBus:
         ring_max_age_s: float = 0.0,
         budget: RingBudget | None = None,
         overflow_grace_s: float = 0.0,
+        gap: tuple[int, int] | None = None,
+        lineage: Mapping[str, int] | None = None,
     ) -> None:
         for argument, value in (
             ("ring_size", ring_size),
@@ -161,6 +169,8 @@ class EventBus:
             raise ValueError(f"start_id must be in [1, 2**53 - 1], got {start_id}")
         if epoch is not None and not is_valid_epoch(epoch):
             raise ValueError("epoch must match [A-Za-z0-9_-]{1,64}")
+        if gap is not None and not 0 <= gap[0] < gap[1] - 1:
+            raise ValueError(f"gap must be (fork id, first own id) with ids between, got {gap!r}")
         if not _is_int(max_queued_bytes) or not 1 <= max_queued_bytes <= MAX_SAFE_INTEGER:
             raise TypeError(
                 f"max_queued_bytes must be a positive int <= 2**53 - 1, got {max_queued_bytes!r}"
@@ -179,7 +189,11 @@ class EventBus:
         if not overflow_grace_s >= 0:
             raise ValueError(f"overflow_grace_s must be >= 0, got {overflow_grace_s!r}")
         self.overflow_grace_s = overflow_grace_s
-        self._ring = Ring(ring_size, ring_max_bytes, ring_max_age_s, budget=budget, name=name)
+        self.gap = gap
+        self.lineage: Mapping[str, int] = MappingProxyType(dict(lineage or {}))
+        self._ring = Ring(
+            ring_size, ring_max_bytes, ring_max_age_s, budget=budget, name=name, gap=gap
+        )
         self._subscribers: dict[Subscription, None] = {}  # insertion-ordered set
         self._closed = False
         self._counters = _Counters()
@@ -198,7 +212,10 @@ class EventBus:
 
     @property
     def next_id(self) -> int:
-        """The id the next ``publish`` will assign."""
+        """The id the next ``publish`` will assign (past a fork's ``gap``, its first own id)."""
+        gap = self.gap
+        if gap is not None and self._next_id == gap[0] + 1:
+            return gap[1]
         return self._next_id
 
     @property
@@ -271,7 +288,7 @@ class EventBus:
     def _publish(self, event: Mapping[str, Any]) -> Frame | None:
         if self._closed:
             return None
-        event_id = self._next_id
+        event_id = self.next_id
         fields = envelope_fields(event, event_id)
         if fields is None:
             return None
@@ -289,6 +306,7 @@ class EventBus:
 
         For a bus that mirrors a shared ring (the Redis backend): ``frame`` must be a real
         event (``frame.id`` set) and the next one in sequence, ``frame.id == next_id``.
+        (After a fork's ``gap`` the next one is its first own id.)
         It is appended to the ring and delivered to every subscriber with the same
         overflow rules as ``publish`` (EB-3 ... EB-5).
 
@@ -297,7 +315,9 @@ class EventBus:
         Never raises, never awaits.
         """
         event_id = frame.id
-        if self._closed or event_id is None or event_id != self._next_id:
+        if self._closed or event_id is None:
+            return False
+        if event_id != self.next_id:  # (past a fork's gap, its first own id)
             return False
         self._deliver(frame, event_id)
         return True
@@ -391,7 +411,15 @@ class EventBus:
         counters = self._counters
         if last_event_id is not None:
             resync, replayed = replay(
-                sub, self._ring, self._next_id, self.epoch, last_event_id, epoch, self.name
+                sub,
+                self._ring,
+                self.next_id,
+                self.epoch,
+                last_event_id,
+                epoch,
+                self.name,
+                gap=self.gap,
+                lineage=self.lineage,
             )
             if resync is not None:
                 counters.resyncs[resync] = counters.resyncs.get(resync, 0) + 1

@@ -1,7 +1,8 @@
 """The replay ring of one session, bounded by count, bytes and age, and the process budget.
 
 Rules: docs/protocol.md, "Ring limits". A :class:`Ring` keeps a session's newest events
-(contiguous ids, oldest first) for replay (EB-7) and the snapshot. The oldest events
+(contiguous ids, oldest first, except at most one ``gap`` of ids never issued: a forked
+epoch's, EB-23) for replay (EB-7) and the snapshot. The oldest events
 leave when any limit is passed: ``max_events`` (the ring size, EB-1), ``max_bytes`` (the
 sum of :func:`held_bytes` of its frames) or ``max_age_s`` (seconds since an event entered
 the ring; 0 turns it off). A cursor that fell out of the ring gets ``state_resync_required``
@@ -110,6 +111,8 @@ class Ring:
     """One session's replay ring (module docstring): frames with contiguous ids.
 
     Args:
+        gap: ``(last, next)``: ids above ``last`` and below ``next`` are never issued
+            (a forked epoch, EB-1): the frame after ``last`` is ``next``. None: none.
         max_events: the ring size, ``>= 1``.
         max_bytes: the byte limit (``>= 1``), in bytes of :func:`held_bytes`.
         max_age_s: seconds an event stays at most (``> 0``), or 0 for no age limit.
@@ -125,6 +128,7 @@ class Ring:
         "_budget",
         "_clock",
         "_frames",
+        "gap",
         "max_age_s",
         "max_bytes",
         "max_events",
@@ -141,7 +145,9 @@ class Ring:
         budget: RingBudget | None = None,
         name: str = "-",
         clock: Callable[[], float] = time.monotonic,
+        gap: tuple[int, int] | None = None,
     ) -> None:
+        self.gap = gap
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
@@ -224,13 +230,23 @@ class Ring:
         if self._budget is not None:
             self._budget.total_bytes -= size
 
+    def _rank(self, event_id: int) -> int:
+        """How many frames have an id at or below ``event_id``, in O(1) (ids contiguous
+        but for the one ``gap``)."""
+        frames = self._frames
+        first = frames[0].id
+        assert first is not None
+        rank = event_id - first + 1
+        gap = self.gap
+        if gap is not None and first <= gap[0] < event_id:
+            rank = gap[0] - first + 1 + max(0, event_id - gap[1] + 1)
+        return min(max(0, rank), len(frames))
+
     def frames_after(self, cursor: int) -> Iterator[Frame]:
         """Iterate the frames with an id above ``cursor``, oldest first, in O(returned)."""
         if not self._frames:
             return iter(())
-        first = self._frames[0].id
-        assert first is not None
-        start = max(0, cursor - first + 1)
+        start = self._rank(cursor)
         if start >= len(self._frames):
             return iter(())
         return itertools.islice(self._frames, start, None)
@@ -241,9 +257,7 @@ class Ring:
         frames = self._frames
         if not frames or count <= 0:
             return []
-        first = frames[0].id
-        assert first is not None
-        end = len(frames) if before is None else max(0, min(len(frames), before - first))
+        end = len(frames) if before is None else self._rank(before - 1)
         return [frames[index] for index in range(end - 1, max(-1, end - 1 - count), -1)]
 
     def _drop_oldest(self) -> int:

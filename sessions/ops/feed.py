@@ -73,7 +73,8 @@ from django_eventstream.views import get_listener_manager
 
 from sessions.auth import is_operator
 from sessions.backends import get_backend
-from sessions.backends.base import Backend, BackendUnavailableError, subscriber_row
+from sessions.backends.base import Backend, BackendUnavailableError
+from sessions.backends.reports import subscriber_row
 from sessions.bus import BusStats, Frame
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 from sessions.models import AgentSession
@@ -168,7 +169,7 @@ def max_lags(backend: Backend, others: Sequence[Mapping[str, Any]]) -> dict[str,
     lags: dict[str, int] = {}
     for live in backend.registry.values():
         for subscription in live.bus.subscriptions():
-            lag = subscriber_row(backend.process_id, live, subscription)["lag"]
+            lag = subscriber_row(backend.process_id, live.bus, subscription)["lag"]
             lags[live.session_id] = max(lags.get(live.session_id, 0), lag)
     for report in others:
         for sid, rows in (report.get("subscribers") or {}).items():

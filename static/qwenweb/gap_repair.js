@@ -36,17 +36,20 @@ export function pagePlan(cursor, before, pageLimit = GAP_PAGE_LIMIT) {
 /**
  * Read one raw snapshot page for the range `cursor + 1 … before - 1`.
  * @param {{events: object[], firstEventId: number|null, hasOlder: boolean}} page
- * @returns {{events: object[], next: number|null, lost: {from: number, to: number}|null}}
+ * @returns {{events: object[], next: number|null, lost: {from: number, to: number, unissued?: boolean}|null}}
  *   `events`: the page's real events inside the range, oldest first; `next`: the `before`
  *   of the following request (older events still to fetch), else null; `lost`: the part of
- *   the range at its start the ring no longer holds (only when `next` is null). Never throws.
+ *   the range at its start the ring no longer holds (only when `next` is null), with
+ *   `unissued: true` when those ids were never issued (EB-23). Never throws.
  */
 export function readPage(page, cursor, before) {
-  const events = page.events
-    .filter((e) => e !== null && typeof e === "object" && Number.isSafeInteger(e.id) && e.id > cursor && e.id < before)
-    .sort((a, b) => a.id - b.id);
+  const real = page.events.filter((e) => e !== null && typeof e === "object" && Number.isSafeInteger(e.id));
+  const events = real.filter((e) => e.id > cursor && e.id < before).sort((a, b) => a.id - b.id);
   const lowest = events.length ? events[0].id : before;
   if (lowest <= cursor + 1) return { events, next: null, lost: null };
+  // The ring still holds the cursor's event yet nothing between it and `lowest`: a ring only
+  // loses its oldest events, so those ids were never issued (a forked epoch's jump, EB-23).
+  if (real.some((e) => e.id <= cursor)) return { events, next: null, lost: { from: cursor + 1, to: lowest - 1, unissued: true } };
   if (page.hasOlder && events.length > 0) return { events, next: lowest, lost: null };
   return { events, next: null, lost: { from: cursor + 1, to: lowest - 1 } };
 }
@@ -57,7 +60,8 @@ export function readPage(page, cursor, before) {
  * @param {object} options
  * @param {(query: string) => Promise<object>} options.load  `GET /session/<id>` + query.
  * @param {(envelope: object) => void} options.applyEvent  Apply a fetched event.
- * @param {(span: {from: number, to: number}) => void} options.applyLost  Show a lost span.
+ * @param {(span: {from: number, to: number, unissued?: boolean}) => void} options.applyLost
+ *   Show a lost span (or, `unissued`, move past ids never issued).
  * @param {(frame: object) => void} options.applyFrame  Apply a held frame (it may start
  *   the next repair: the frames after it are then held again).
  * @param {(held: object[], why: string) => void} options.resync  Give up: resync, then
@@ -142,7 +146,7 @@ export class GapRepair {
       return;
     }
     if (lost !== null) {
-      this.stats.lost += 1;
+      if (!lost.unissued) this.stats.lost += 1;
       this.options.applyLost(lost);
     }
     for (const events of pages.reverse()) {

@@ -353,8 +353,14 @@ class SessionPage {
   }
 
   /** A range the ring no longer holds: said in the transcript and the log at its place (SC-14). */
-  showLost({ from, to }) {
+  showLost({ from, to, unissued = false }) {
     const span = from === to ? `#${from}` : `#${from}–${to}`;
+    if (unissued) {
+      // A forked epoch's one jump in ids (EB-23): nothing was lost, nothing to show.
+      this.log.add({ kind: "local", type: "ids skipped", timeMs: Date.now(), note: `${span} never issued in this epoch` });
+      this.cursor = to;
+      return;
+    }
     this.transcript.note("lost", `${span} no longer on the server`);
     this.log.add({ kind: "local", type: "lost", timeMs: Date.now(), note: `${span} no longer on the server` });
     this.cursor = to;

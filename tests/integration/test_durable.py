@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from sessions.auth import issue_token
 from sessions.backends import backends, get_backend
 from sessions.backends.durable import DurableBackend, log_path
 from sessions.conf import get_config
 from sessions.process_state import process_state
 from tests.integration.conftest import (
     assert_error,
+    bearer,
     call,
     close,
     load,
@@ -168,6 +170,37 @@ async def test_close_is_committed_and_the_closed_session_stays_closed_after_rest
     assert (await close(sid)).status == 200
     await restart()
     assert_error(await publish(sid, {"type": "a"}), 409, "session_closed")
+
+
+async def test_a_closed_sessions_history_is_served_from_the_log_after_restart(
+    make_session: Any,
+) -> None:
+    sid = await make_session()
+    ids = await publish_many(sid, 3)
+    closed_id = (await close(sid)).json()["lastEventId"]
+    epoch = (await load(sid)).json()["epoch"]
+    await restart()
+    page = (await load(sid)).json()
+    assert (page["status"], page["epoch"], page["lastEventId"]) == ("closed", epoch, closed_id)
+    assert [event["id"] for event in page["events"]] == [*ids, closed_id]
+    assert page["events"][-1]["type"] == "session_closed"
+    token = bearer(issue_token(sid, ["read"]))
+    query = f"before={closed_id}&limit=2"
+    older = (await call("GET", f"/session/{sid}", headers=token, query=query)).json()
+    assert [event["id"] for event in older["events"]] == ids[1:]
+
+
+async def test_a_closed_sessions_history_past_the_retention_is_not_served_after_restart(
+    make_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await make_session()
+    await publish_many(sid, 2)
+    await close(sid)
+    await restart()
+    monkeypatch.setenv("QWENWEB_CLOSED_HISTORY_S", "0")
+    get_config.cache_clear()
+    page = (await load(sid)).json()
+    assert (page["epoch"], page["events"]) == (None, [])
 
 
 async def _release_one_commit_of_40(make_session: Any, stream_of: Any) -> Any:

@@ -55,6 +55,19 @@ test("a range older than the ring is lost from the cursor up to the ring's first
   assert.deepEqual(readPage({ events: [], hasOlder: false }, 10, 17).lost, { from: 11, to: 16 });
 });
 
+test("a page that still holds the cursor's event marks the ids between as never issued", () => {
+  const page = { events: [ev(8), ev(9)], hasOlder: true }; // a forked epoch: 9, then 100001
+  assert.deepEqual(readPage(page, 9, 100001), { events: [], next: null, lost: { from: 10, to: 100000, unissued: true } });
+});
+
+test("a forked epoch's jump is passed without a lost span or a second request", async () => {
+  const load = async () => ({ events: [ev(8), ev(9)], hasOlder: true, epoch: null });
+  const { repair, applied } = recorder(load);
+  await repair.start(9, frame(100001));
+  assert.deepEqual(applied, ["lost 10-100000", 100001]);
+  assert.equal(repair.stats.lost, 0);
+});
+
 test("fetched events, then held frames, are applied in id order", async () => {
   const { load, queries } = ringLoader(1, 100);
   const { repair, applied } = recorder(load);

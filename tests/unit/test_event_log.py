@@ -107,7 +107,7 @@ async def test_reopened_log_continues_the_epoch_with_its_events(tmp_path: Path) 
     assert [event[0] for event in again.events] == [100_001, 100_002, 100_003]
 
 
-async def test_a_crash_before_a_new_boot_starts_a_new_epoch_above_every_id(
+async def test_a_crash_before_a_new_boot_forks_a_new_epoch_above_every_id(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "events.sqlite3"
@@ -123,6 +123,8 @@ async def test_a_crash_before_a_new_boot_starts_a_new_epoch_above_every_id(
     assert again.new
     assert again.epoch != opened.epoch
     assert again.next_id == 100_001
+    assert [event[0] for event in again.events] == [1]  # what the log kept, carried over
+    assert (again.gap, again.lineage) == ((1, 100_001), {opened.epoch: 1})
 
 
 async def test_a_clean_stop_keeps_the_epoch_across_a_reboot(tmp_path: Path) -> None:
@@ -175,7 +177,7 @@ async def test_another_deployments_log_is_refused_or_set_aside(tmp_path: Path) -
     assert list(tmp_path.glob("events.sqlite3.foreign-*"))
 
 
-async def test_a_torn_wal_recovers_the_committed_prefix_in_a_new_epoch(tmp_path: Path) -> None:
+async def test_a_torn_wal_forks_the_committed_prefix_into_a_new_epoch(tmp_path: Path) -> None:
     path = tmp_path / "events.sqlite3"
     first = _log(path, boot_id="boot-1")
     opened = await _opened(first)
@@ -196,6 +198,53 @@ async def test_a_torn_wal_recovers_the_committed_prefix_in_a_new_epoch(tmp_path:
     assert again.new
     assert again.epoch != opened.epoch
     assert again.next_id == 100_001  # above every id ever issued
+    assert [event[0] for event in again.events] == ids  # the prefix, served in the new epoch
+    assert again.gap == (ids[-1], 100_001)
+    assert again.lineage == {opened.epoch: ids[-1]}
+
+
+async def test_a_second_fork_keeps_the_lineage_and_carries_only_the_run_after_the_gap(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.sqlite3"
+    first = _log(path, boot_id="boot-1")
+    e1 = await _opened(first)
+    await _append(first, 1)
+    _copy_open_log(path, crashed := tmp_path / "crashed.sqlite3")
+    first.close()
+    second = _log(crashed, boot_id="boot-2")
+    e2 = await _opened(second, fresh_start=101)  # forked at 1: its own ids from 101
+    await _append(second, 101)
+    _copy_open_log(crashed, again_crashed := tmp_path / "again.sqlite3")
+    second.close()
+    third = _log(again_crashed, boot_id="boot-3")
+    e3 = await _opened(third, fresh_start=201)
+    third.close()
+    assert [event[0] for event in e3.events] == [101]
+    assert e3.gap == (101, 201)
+    assert e3.lineage == {e2.epoch: 101, e1.epoch: 1}
+
+
+async def test_a_version_2_log_is_upgraded_in_place_and_keeps_its_sessions(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.sqlite3"
+    with sqlite3.connect(path) as conn:  # what version 2 wrote: heads without a fork
+        conn.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE heads (session_id TEXT PRIMARY KEY, epoch TEXT NOT NULL, "
+            "epoch_start INTEGER NOT NULL, next_id INTEGER NOT NULL, "
+            "generation INTEGER NOT NULL, closed_at REAL);"
+            "INSERT INTO meta VALUES ('schema', '2'), ('deployment', 'd1'), ('clean', '1'),"
+            " ('boot_id', 'boot-1'), ('generation', '0');"
+            "INSERT INTO heads VALUES ('s', 'old-epoch', 1, 1, 0, NULL);"
+        )
+    upgraded = _log(path, boot_id="boot-1")
+    opened = await _opened(upgraded)
+    upgraded.close()
+    assert (opened.epoch, opened.new, opened.gap) == ("old-epoch", False, None)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
 
 
 def _copy_open_log(path: Path, to: Path) -> None:

@@ -14,6 +14,8 @@ from daphne.management.commands.runserver import Command as DaphneRunserverComma
 from django.core.management import CommandError
 from django.core.management.base import CommandParser
 
+from sessions.backends import check_can_start
+from sessions.backends.errors import BackendStartError
 from sessions.bus import MAX_EVENT_RING_SIZE
 from sessions.conf import ENV_OVERRIDES, get_config
 from sessions.ops.parent_death import die_with_parent_from_environment
@@ -52,4 +54,8 @@ class Command(DaphneRunserverCommand):  # type: ignore[misc]  # daphne ships no 
             # Through the environment, so the autoreloader's child process gets it too.
             os.environ[ENV_OVERRIDES["RING_SIZE"]] = str(ring_size)
             get_config.cache_clear()
+        try:  # e.g. a durable log another process holds, or another deployment's: one line
+            check_can_start()
+        except BackendStartError as exc:
+            raise CommandError(str(exc)) from None
         super().handle(*args, **options)
