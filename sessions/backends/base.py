@@ -100,6 +100,8 @@ class LiveSession:
     reserved_until: int
     created_at: str
     ring_size: int = 0
+    #: False: the session's streams are never gzipped (its row's ``stream_compression``, EB-17).
+    stream_compression: bool = True
     #: The memory backend's keys of idempotent publishes (None where the store keeps them).
     idempotency: IdempotencyStore | None = field(default=None, repr=False)
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)

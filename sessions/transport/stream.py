@@ -312,6 +312,8 @@ class SessionEventsRoute:
             check_access(principal, session_id, closed.owner_id, "read")  # EB-12 before EB-15
             raise
         check_access(principal, session_id, live.owner_id, "read")
+        if not live.stream_compression:  # the session's own switch (EB-17)
+            codec = None
         # A closed session answered 204 above whatever the token's version: the client stops.
         try:
             await ensure_current(principal)
