@@ -11,8 +11,13 @@ Scenario 10 (:func:`llm_shaped`): many sessions at an agent's pace (issue 23, it
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
+import orjson
+
+from bench.common import make_data
 from bench.measure import (
     correctness,
     fmt,
@@ -25,6 +30,8 @@ from bench.measure import (
 )
 from bench.plan import BenchContext
 from bench.servers import EVENTSTREAM, NCHAN, QW_GRANIAN
+from sessions.wire import encode_frame
+from sessions.wire.compression import GzipStream
 
 REPS = 10
 EVENTS = 20_000
@@ -75,59 +82,100 @@ def fast_reader_burst(bench: BenchContext, reps: int = REPS, events: int = EVENT
     )
 
 
+BROWSER_ACCEPT = "gzip, deflate, br, zstd"
+"""What a browser's ``fetch`` sends: S10's gzip runs ask for it (EB-17)."""
+
+
 def llm_shaped(
-    bench: BenchContext, sessions: int = 2000, duration_s: float = 30.0, rate: float = 10.0
+    bench: BenchContext,
+    sessions: int = 2000,
+    duration_s: float = 30.0,
+    rate: float = 10.0,
+    reps: int = 1,
 ) -> None:
     """Run scenario 10 (LLM-shaped traffic) on each qwenweb contender; append its table.
 
     ``sessions`` sessions with 2 subscribers each; every session gets ``rate`` token chunks
     per second (40-120 B of JSON ``data``) published in-process, spread evenly over each
     period, for ``duration_s`` seconds. One load generator process reads all the streams.
+    Each contender runs ``reps`` times plain and ``reps`` times with a browser's
+    ``Accept-Encoding`` (gzipped streams, issue 28), alternated, on new sessions each time;
+    the summary gives what gzip adds to the server's CPU per delivery (the medians'
+    difference, and each gzip run against the plain run before it).
     """
     per_session = int(rate * duration_s)
     bench.log(
-        f"S10 LLM-shaped: {sessions:,} sessions x 2 subscribers, {rate:g}/s for {duration_s:g} s"
+        f"S10 LLM-shaped: {sessions:,} sessions x 2 subscribers, {rate:g}/s for {duration_s:g} s, "
+        f"{reps} x plain and gzip"
     )
     names = tuple(n for n in bench.contenders if n.startswith("qwenweb") and n != QW_GRANIAN)
     rows = [
-        "| contender | deliveries | deliveries/s | publish → receive p50 / p99 / max (ms) | "
+        "| contender | run | deliveries | deliveries/s | publish → receive p50 / p99 / max (ms) | "
         "server CPU µs per delivery | server RSS before → peak (MiB) | publisher behind "
         "schedule, max (ms) | loadgen CPU busy | lost / duplicated / evicted |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     raw: dict[str, Any] = {}
+    summary: list[str] = []
     for name in names:
         server = bench.servers[name]
-        created = server.call(f"/bench/sessions?n={sessions}&group=llm", timeout_s=300)
-        spec = {
-            "port": server.port,
-            "streams": created["streams"],
-            "subscribers": 2 * sessions,
-            "n": per_session,
-            "timeout_s": duration_s + 180,
-            "settle_s": 20,
-            "trigger": f"/bench/paced?group=llm&rate={rate:g}&duration_s={duration_s:g}"
-            "&min=40&max=120",
-            "trigger_port": server.control_port,
-        }
-        rss_before = server.rss_kib()
-        measured = run_loadgen(server, spec, sample_every_s=1.0)
-        result = measured.result
-        delivered = result.get("delivered") or 0
-        peak = max((rss for _, rss in measured.rss_series), default=rss_before)
-        lat = result.get("latency_ms", {})
-        trigger = result.get("trigger", {})
-        raw[name] = {**result, "server_cpu_s": measured.server_cpu_s, "rss_before_kib": rss_before,
-                     "rss_peak_kib": peak}  # fmt: skip
-        rows.append(
-            f"| {name} | {delivered:,} of {2 * sessions * per_session:,} | "
-            f"{fmt(delivered / duration_s)} | {fmt(lat.get('p50'))} / {fmt(lat.get('p99'))} / "
-            f"{fmt(lat.get('max'))} | "
-            f"{fmt(measured.server_cpu_s / delivered * 1e6 if delivered else None)} | "
-            f"{rss_before / 1024:.0f} → {peak / 1024:.0f} | {fmt(trigger.get('behind_max_ms'))} | "
-            f"{fmt(100 * (result.get('client_busy') or 0), 2)} % | {correctness(result)} |"
-        )
-        bench.log(f"  {name}: {rows[-1]}")
+        cpu: dict[str, list[float]] = {"plain": [], "gzip": []}
+        for rep in range(1, reps + 1):
+            # ABBA: the server's CPU per delivery drifts over a run (sessions accumulate)
+            for codec in ("plain", "gzip") if rep % 2 else ("gzip", "plain"):
+                created = server.call(f"/bench/sessions?n={sessions}&group=llm", timeout_s=300)
+                spec = {
+                    "port": server.port,
+                    "streams": created["streams"],
+                    "subscribers": 2 * sessions,
+                    "n": per_session,
+                    "timeout_s": duration_s + 180,
+                    "settle_s": 20,
+                    "trigger": f"/bench/paced?group=llm&rate={rate:g}&duration_s={duration_s:g}"
+                    "&min=40&max=120",
+                    "trigger_port": server.control_port,
+                    **({"accept_encoding": BROWSER_ACCEPT} if codec == "gzip" else {}),
+                }
+                rss_before = server.rss_kib()
+                measured = run_loadgen(server, spec, sample_every_s=1.0)
+                result = measured.result
+                delivered = result.get("delivered") or 0
+                gzipped = result.get("gzipped_subs", 0)
+                expected = 2 * sessions if codec == "gzip" else 0
+                assert gzipped == expected, f"{codec}: {gzipped} gzipped streams"
+                per_delivery = measured.server_cpu_s / delivered * 1e6 if delivered else None
+                if per_delivery is not None:
+                    cpu[codec].append(per_delivery)
+                peak = max((rss for _, rss in measured.rss_series), default=rss_before)
+                lat = result.get("latency_ms", {})
+                trigger = result.get("trigger", {})
+                run = {"codec": codec, "rep": rep, "server_cpu_s": measured.server_cpu_s}
+                run.update(rss_before_kib=rss_before, rss_peak_kib=peak)
+                raw.setdefault(name, []).append({**result, **run})
+                rows.append(
+                    f"| {name} | {codec} {rep} | {delivered:,} of {2 * sessions * per_session:,} | "
+                    f"{fmt(delivered / duration_s)} | {fmt(lat.get('p50'))} / "
+                    f"{fmt(lat.get('p99'))} / {fmt(lat.get('max'))} | {fmt(per_delivery)} | "
+                    f"{rss_before / 1024:.0f} → {peak / 1024:.0f} | "
+                    f"{fmt(trigger.get('behind_max_ms'))} | "
+                    f"{fmt(100 * (result.get('client_busy') or 0), 2)} % | {correctness(result)} |"
+                )
+                bench.log(f"  {name}: {rows[-1]}")
+        pairs = [g - p for p, g in zip(cpu["plain"], cpu["gzip"], strict=False)]
+        plain, gzip = med(cpu["plain"]), med(cpu["gzip"])
+        if plain is not None and gzip is not None:
+            summary.append(
+                f"- {name}: server CPU per delivery, median plain {fmt(plain)} µs, gzip "
+                f"{fmt(gzip)} µs (gzip ÷ plain {gzip / plain:.2f}); gzip adds "
+                f"{fmt(gzip - plain)} µs (gzip minus plain of each repetition: "
+                f"{', '.join(fmt(d) for d in pairs)} µs)"
+            )
+    frames, per_write = gzip_cost_us(sessions * 2, per_session)
+    summary.append(
+        f"- In this process, the same run: one `GzipStream` per stream ({2 * sessions} "
+        f"streams × {per_session} frames of S10's shape, {frames:.0f} B on average, written "
+        f"interleaved as the server writes them): {per_write:.2f} µs of CPU per write"
+    )
     bench.results["S10"] = raw
     bench.tables.append(
         f"### 10. LLM-shaped: {sessions:,} sessions × 2 subscribers, {rate:g} token chunks/s "
@@ -136,5 +184,39 @@ def llm_shaped(
         "server's loop, each session's events spread evenly over the period. Latency is "
         "publish (`monotonic_ns` in the event) to receipt by the load generator; server CPU "
         "covers the whole measurement (connecting the streams included) over the server's "
-        "process tree.\n\n" + "\n".join(rows) + "\n"
+        "process tree. Runs alternate plain and gzip (`Accept-Encoding: "
+        f"{BROWSER_ACCEPT}`, decoded by the load generator).\n\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(summary)
+        + "\n"
     )
+
+
+def gzip_cost_us(streams: int, per_stream: int) -> tuple[float, float]:
+    """CPU of gzipping S10's frames in this process: ``(mean frame bytes, µs per write)``.
+
+    One :class:`GzipStream` per stream, written round-robin (each stream's context goes
+    cold between its writes, as on the server), a context released after the ``retry:``
+    line as the server does; frames are what the server writes for S10's events (an
+    envelope around 40-120 B of ``data``, the same seed).
+    """
+    rng = random.Random(23)
+    pads: dict[int, str] = {}
+    gzips = [GzipStream() for _ in range(streams)]
+    for stream in gzips:
+        stream.write(b"retry: 3000\n\n")
+        stream.release()
+    frames = []
+    for seq in range(1, per_stream + 1):
+        data = make_data(seq, rng.randint(40, 120), pads)
+        envelope = {"id": seq, "v": 1, "type": "bench", "data": data,
+                    "_meta": {"serverTimestamp": int(time.time() * 1000)}}  # fmt: skip
+        body = encode_frame(event_type="bench", data_json=orjson.dumps(envelope), event_id=seq)
+        frames.append(body)
+    started = time.process_time()
+    for frame in frames:
+        for stream in gzips:
+            stream.write(frame)
+    spent = time.process_time() - started
+    return sum(map(len, frames)) / len(frames), spent / (len(frames) * streams) * 1e6

@@ -33,6 +33,7 @@ import resource
 import socket
 import sys
 import time
+import zlib
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -67,6 +68,7 @@ class Subscriber(asyncio.Protocol):
         self.head = bytearray()
         self.in_body = False
         self.chunked = False
+        self.inflate: Any = None  # a gzipped body (``accept_encoding``): its decoder
         self.cbuf = bytearray()
         self.cstate = 0  # 0: size line, 1: data, 2: CRLF after data
         self.need = 0
@@ -109,6 +111,8 @@ class Subscriber(asyncio.Protocol):
             self.in_body = True
             self.status = int(head.split(" ", 2)[1])
             self.chunked = "transfer-encoding: chunked" in head
+            if "content-encoding: gzip" in head:
+                self.inflate = zlib.decompressobj(31)
             if self.stalled and self.transport is not None:
                 self.transport.pause_reading()
                 self.ready.set_result(None)  # a stalled reader is ready once it has headers
@@ -117,6 +121,8 @@ class Subscriber(asyncio.Protocol):
                 return
         if self.chunked:
             data = self._dechunk(data)
+        if self.inflate is not None and data:
+            data = self.inflate.decompress(data)
         if data:
             # Ready at the first body bytes: every contender has registered the
             # subscriber by then (django-eventstream only once its generator runs).
@@ -273,6 +279,8 @@ def _request(
         f"Host: 127.0.0.1:{port if port is not None else spec['port']}",
         "Accept: text/event-stream",
     ]
+    if spec.get("accept_encoding"):
+        lines.append(f"Accept-Encoding: {spec['accept_encoding']}")
     lines += [f"{k}: {v}" for k, v in headers]
     if last_event_id is not None:
         lines.append(f"Last-Event-ID: {last_event_id}")
@@ -472,6 +480,7 @@ def _summarize(
     # What really reached the subscribers: per-delivery costs divide by this, never by
     # n × subscribers (an evicted subscriber costs nothing more and would flatter them).
     result["delivered"] = sum(sub.unique for sub in subs)
+    result["gzipped_subs"] = sum(1 for sub in subs if sub.inflate is not None)
     result["evicted_subs"] = sum(1 for sub in subs if sub.terminal == "client_evicted")
     result["terminals"] = dict(Counter(sub.terminal or "open" for sub in subs))
     result["frame_types"] = dict(sum((sub.types for sub in subs), Counter()))
@@ -509,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
     ``idle``), ``subscribers``, ``stalled`` (how many of them never read until the end),
     ``n`` (events expected), ``trigger`` (a POST target fired once all are connected),
     ``trigger_argv`` (a command that publishes instead), ``trigger_port``, ``trigger_tls``,
-    ``id_format`` (``nchan``: check its ids), ``last_event_id``, ``timeout_s``,
+    ``id_format`` (``nchan``: check its ids), ``accept_encoding`` (sent as
+    ``Accept-Encoding``; a gzipped answer is decoded), ``last_event_id``, ``timeout_s``,
     ``stall_drain_s``, ``connect_concurrency``."""
     args = sys.argv[1:] if argv is None else argv
     if args[0].startswith("@"):  # a spec file of bench.measure.spawn_loadgen: read, remove

@@ -605,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             if "S9" in only:
                 fast_reader_burst(bench, 3 if args.quick else 10)
             if "S10" in only:
-                llm_shaped(bench, *((200, 10.0) if args.quick else (2000, 30.0)))
+                llm_shaped(bench, *((200, 10.0) if args.quick else (2000, 30.0)), reps=plan.reps)
             if "burst" in only:
                 bench.burst()
             if "S5" in only:

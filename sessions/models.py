@@ -63,6 +63,11 @@ class AgentSession(models.Model):
     held_until = models.DateTimeField(
         null=True, blank=True, help_text="Its hold lasts until then unless renewed."
     )
+    stream_compression = models.BooleanField(
+        default=True,
+        help_text="Off: this session's streams are never gzipped, whatever the client "
+        "accepts (EB-17; docs/protocol.md, Compression).",
+    )
     token_version = models.PositiveIntegerField(
         default=0,
         help_text="Tokens of this session issued with a lower version are revoked "

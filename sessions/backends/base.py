@@ -103,6 +103,7 @@ class LiveSession:
     reserved_until: int
     created_at: str
     ring_size: int = 0
+    stream_compression: bool = True  # False: its streams are never gzipped (the row's, EB-17)
     #: The memory backend's keys of idempotent publishes (None where the store keeps them).
     idempotency: IdempotencyStore | None = field(default=None, repr=False)
     _renewal: asyncio.Task[None] | None = field(default=None, repr=False)

@@ -280,6 +280,7 @@ class DurableBackend(MemoryBackend):
             reserved_until=reserved_until,
             created_at=row.created_at.isoformat(),
             ring_size=bus.ring_size,
+            stream_compression=row.stream_compression,
             idempotency=store,
             _next_id=opened.next_id,
         )

@@ -101,6 +101,7 @@ class MemoryBackend(Backend):
             reserved_until=reserved_until,
             created_at=row.created_at.isoformat(),
             ring_size=bus.ring_size,
+            stream_compression=row.stream_compression,
             idempotency=IdempotencyStore(
                 config.idempotency_max_keys,
                 config.idempotency_ttl_s,

@@ -327,6 +327,7 @@ class RedisBackend(RedisControlled):
             reserved_until=reserved_until,
             created_at=row.created_at.isoformat(),
             ring_size=row.ring_size or config.ring_size,
+            stream_compression=row.stream_compression,
         )
         self._note_issued(session_id, row.last_event_id)
         await self._build_mirror(live, store)

@@ -179,6 +179,8 @@ class SessionEventsRoute:
             await self._limit_reached(send, limit.live, limit.limit, cors)
             return
         live = admitted.live
+        if not live.stream_compression:  # the session's own switch (EB-17)
+            codec = None
         observer: ConnectionObserver | None = None
         try:
             await send(

@@ -95,7 +95,8 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET /sessions/<id>/``: the live session page.
 
     Renders ``sessions/session_page.html`` with a ``page_config`` JSON object for the
-    script: ``{"sessionId", "title", "status", "ringSize", "urls": {"events", "load",
+    script: ``{"sessionId", "title", "status", "ringSize", "streamCompression" (its streams
+    may be gzipped: the deployment's and the session's switch), "urls": {"events", "load",
     "token", "demo", "list", "publish", "reader", "subscribers", "disconnect"},
     "maxQueued": {"min", "max", "default"}, "maxQueuedBytes", "demoChunksPerS",
     "demoRunning", "isOperator", "subscriberPlaceholder"}`` (paths, same origin;
@@ -119,6 +120,7 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
         "title": row.title,
         "status": row.status,
         "ringSize": row.ring_size or get_config().ring_size,
+        "streamCompression": row.stream_compression and get_config().stream_compression,
         "urls": {
             "events": reverse("session-events", args=[row.id]),
             "load": reverse("session-detail", args=[row.id]),

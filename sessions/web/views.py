@@ -83,7 +83,7 @@ CAPABILITIES: Final = {
 }
 
 
-_CREATE_FIELDS: Final = frozenset({"title", "ringSize"})
+_CREATE_FIELDS: Final = frozenset({"title", "ringSize", "streamCompression"})
 
 
 _TITLE_REFUSED: Final = frozenset(
@@ -157,9 +157,10 @@ async def create_session(request: HttpRequest) -> HttpResponse:
 
     Body (optional JSON object): ``title`` (str, <= 200 chars), ``ringSize`` (int in
     ``[1, 1_000_000]``; at most ``MAX_USER_RING_SIZE`` for a user who is not staff, else
-    400). Auth: a logged-in user (CSRF-checked) or a ``create`` token. A user (not staff)
-    with ``MAX_SESSIONS_PER_USER`` open sessions gets 429 ``quota_exceeded``
-    (docs/protocol.md, "Quotas").
+    400), ``streamCompression`` (bool, default true; false: the session's streams are
+    never gzipped, EB-17; anything else 400). Auth: a logged-in user (CSRF-checked) or a
+    ``create`` token. A user (not staff) with ``MAX_SESSIONS_PER_USER`` open sessions
+    gets 429 ``quota_exceeded`` (docs/protocol.md, "Quotas").
     """
     principal = await _authenticate(request)
     if principal.claims is not None and "create" not in principal.claims.scopes:
@@ -189,8 +190,18 @@ async def create_session(request: HttpRequest) -> HttpResponse:
             f"ringSize must be an integer in [1, {MAX_EVENT_RING_SIZE}]",
             field="ringSize",
         )
+    compression = body.get("streamCompression", True)
+    if not isinstance(compression, bool):
+        raise ApiError(
+            400,
+            "invalid_request",
+            "streamCompression must be true or false",
+            field="streamCompression",
+        )
     try:
-        row, tokens = await database_sync_to_async(_create_row_sync)(title, ring_size, principal)
+        row, tokens = await database_sync_to_async(_create_row_sync)(
+            title, ring_size, principal, compression
+        )
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
     logger.info("session_created session=%s by=%s", row.id, sanitize_for_log(principal.name))
@@ -199,6 +210,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
             "id": row.id,
             "title": row.title,
             "status": row.status,
+            "streamCompression": row.stream_compression,
             "urls": session_urls(request, row.id),
             "tokens": tokens,
         },
@@ -207,7 +219,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
 
 
 def _create_row_sync(
-    title: str, ring_size: int | None, principal: Principal
+    title: str, ring_size: int | None, principal: Principal, stream_compression: bool = True
 ) -> tuple[AgentSession, dict[str, str]]:
     """Create the row and its read and publish tokens (with the owner's id and versions).
 
@@ -229,7 +241,9 @@ def _create_row_sync(
                 .first()
             )
     _check_owner_quotas(owner_id, ring_size)
-    row = AgentSession.objects.create(title=title, ring_size=ring_size, owner_id=owner_id)
+    row = AgentSession.objects.create(
+        title=title, ring_size=ring_size, owner_id=owner_id, stream_compression=stream_compression
+    )
     tokens = {
         scope: issue_current_token(row.id, [scope], principal.name, user_id=owner_id)
         for scope in ("read", "publish")

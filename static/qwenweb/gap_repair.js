@@ -85,16 +85,19 @@ export class GapRepair {
   }
 
   /**
-   * Start repairing the gap between `cursor` and `frame` (the first frame after it, held).
+   * Start repairing the gap between `cursor` and `frame` (the first frame after it, held;
+   * its first id is `frame.firstId` for a compacted snapshot entry, else `frame.id`), or
+   * with `frame` null the range `cursor + 1 … before − 1` (what a compacted entry that
+   * starts at or below the cursor covers above it: the entry itself is dropped).
    * @returns {Promise<void>} settles when the range and the held frames are applied
    */
-  start(cursor, frame) {
+  start(cursor, frame, before = Number(frame.firstId ?? frame.id)) {
     this.active = true;
-    this.held = [frame];
+    this.held = frame === null ? [] : [frame];
     this.overflowed = false;
     this.generation += 1;
     this.stats.gaps += 1;
-    return this._run(cursor, Number(frame.id), this.generation);
+    return this._run(cursor, before, this.generation);
   }
 
   /** Abandon the running repair (a resync rebuilds the view); returns the frames held. */

@@ -20,10 +20,10 @@
  *     is a duplicate and skipped (replay after a drop, the snapshot/replay overlap). An id
  *     above the next one is a gap: the range is fetched from the snapshot, raw, while the
  *     frames after it are held (SC-14, ./gap_repair.js).
- *  4. `state_resync_required` (SC-12): frames are held, the snapshot is loaded again, the
- *     transcript and the log are rebuilt from it (its `lastEventId` becomes the view's cursor)
- *     and the held frames are applied on top: no row twice, none missing
- *     (./session_snapshot.js).
+ *  4. `state_resync_required` (SC-12): frames are held, the snapshot is loaded again
+ *     (compacted: a run of token events is one frame `a–b`), the view continues from it
+ *     (its `lastEventId` becomes the view's cursor) and the held frames are applied on
+ *     top: no row twice, none missing (./session_snapshot.js).
  *  5. 204 → "session ended", and the client makes no more requests (SC-10, EB-15).
  *
  * Safety: text from events is only ever inserted with `textContent` / text nodes, never as
@@ -307,6 +307,7 @@ class SessionPage {
       return;
     }
     const id = Number(frame.id);
+    const first = frame.firstId ?? id; // a compacted snapshot entry covers first … id
     if (!Number.isSafeInteger(id) || !isObject(envelope)) {
       this.log.add({ id: frame.id, type: frame.type, note: `unparsed: ${clip(frame.data, 80)}`, source: "live" });
       return;
@@ -315,12 +316,24 @@ class SessionPage {
       this.duplicates += 1; // already shown: replay after a reconnect, or in the snapshot
       return;
     }
-    if (this.cursor !== null && id !== this.cursor + 1) {
+    if (this.cursor !== null && first <= this.cursor) {
+      // A compacted entry is never split: its part above the cursor is fetched raw (SC-14).
       this.log.add({
         kind: "local",
         type: "gap",
         timeMs: Date.now(),
-        note: `expected #${this.cursor + 1}, got #${id}: fetching #${this.cursor + 1}–${id - 1} (SC-14)`,
+        note: `#${first}–${id} compacted, shown up to #${this.cursor}: fetching #${this.cursor + 1}–${id} (SC-14)`,
+      });
+      this.gaps.start(this.cursor, null, id + 1);
+      this.renderPanel();
+      return;
+    }
+    if (this.cursor !== null && first !== this.cursor + 1) {
+      this.log.add({
+        kind: "local",
+        type: "gap",
+        timeMs: Date.now(),
+        note: `expected #${this.cursor + 1}, got #${first}: fetching #${this.cursor + 1}–${first - 1} (SC-14)`,
       });
       this.gaps.start(this.cursor, frame);
       this.renderPanel();
@@ -336,8 +349,18 @@ class SessionPage {
     this.stream.adoptCursor(cursor, snapshot.epoch ?? null);
   }
 
-  /** Draw one event (the next id) in the transcript and the log; it becomes the cursor. */
+  /**
+   * Draw one event (the next id) in the transcript and the log; it becomes the cursor. A
+   * compacted entry (a resync's snapshot) is drawn as one row `a–b` and `b` becomes the cursor.
+   */
   applyEvent(envelope, size, source) {
+    if (envelope.type === "compacted") {
+      if (this.cursor !== null && envelope.lastId <= this.cursor) return;
+      this.cursor = envelope.lastId;
+      if (this.snapshots.shownFrom === null) this.snapshots.shownFrom = envelope.firstId;
+      this.snapshots.drawCompacted(envelope, source);
+      return;
+    }
     const id = envelope.id;
     if (this.cursor !== null && id <= this.cursor) return;
     this.cursor = id;

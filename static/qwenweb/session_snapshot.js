@@ -17,13 +17,15 @@
  * "Load earlier events" pages back with `?before=<first id shown>` and draws that page
  * above the transcript, unless a rebuild moved that first id meanwhile.
  *
- * Compacted history: "Load earlier events" asks for the compacted snapshot (`compact=1`,
- * docs/protocol.md "Compacted history") unless the page's own URL says `?compact=0`, and
- * the first load does when it says `?compact=1`; `expandEntry` turns a compacted entry
- * back into what the transcript applies, and the frame log shows it as one row `a–b`. The
- * first load is raw by default so that the frame log stays one row per event id; the
- * resync continues the view event by event (SC-12) and gap repair (SC-14) asks for raw
- * pages too.
+ * Compacted history: the resync and "Load earlier events" ask for the compacted snapshot
+ * (`compact=1`, docs/protocol.md "Compacted history") unless the page's own URL says
+ * `?compact=0`, and the first load does when it says `?compact=1`; `expandEntry` turns a
+ * compacted entry back into what the transcript applies, and the frame log shows it as
+ * one row `a–b` (`drawCompacted`). A resync hands the page each entry as one frame with
+ * `firstId` (`snapshotFrame`); the page applies it after its cursor like an event, and
+ * fetches raw what an entry that starts at or below its cursor covers above it (an entry
+ * is never split). The first load is raw by default so that the frame log stays one row
+ * per event id; gap repair (SC-14) asks for raw pages.
  */
 import { describeEvent, isObject, serverTime } from "./envelopes.js";
 import { h } from "./frame_log.js";
@@ -32,10 +34,28 @@ import { Transcript } from "./transcript.js";
 
 const SNAPSHOT_ATTEMPTS = 3;
 
-/** A snapshot's event as the page applies a frame (`source` "snapshot"). */
-function snapshotFrame(envelope) {
+/**
+ * A snapshot's entry as the page applies a frame (`source` "snapshot"): an event, or a
+ * compacted entry as one frame whose `id` is its `lastId` and `firstId` its first id.
+ */
+export function snapshotFrame(envelope) {
   const data = JSON.stringify(envelope);
+  if (envelope.type === "compacted") {
+    const id = String(envelope.lastId);
+    return { id, firstId: envelope.firstId, type: "compacted", data, json: envelope, source: "snapshot" };
+  }
   return { id: String(envelope.id), type: String(envelope.type), data, json: envelope, source: "snapshot" };
+}
+
+/** Whether `entry` is a compacted entry with a sound id range (`firstId` ≤ `lastId`). */
+export function isCompacted(entry) {
+  return (
+    isObject(entry) &&
+    entry.type === "compacted" &&
+    Number.isSafeInteger(entry.firstId) &&
+    Number.isSafeInteger(entry.lastId) &&
+    entry.firstId <= entry.lastId
+  );
 }
 
 /**
@@ -129,15 +149,8 @@ export class SnapshotSync {
     for (const envelope of snapshot.events) {
       if (!isObject(envelope)) continue;
       if (envelope.type === "compacted") {
-        for (const part of expandEntry(envelope)) transcript.apply(part);
+        this.drawCompacted(envelope, "snapshot");
         count += Number.isSafeInteger(envelope.count) ? envelope.count : 1;
-        log.add({
-          id: `${envelope.firstId}–${envelope.lastId}`,
-          type: String(envelope.event),
-          timeMs: serverTime(envelope),
-          source: "snapshot",
-          note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
-        });
       } else if (envelope.id === undefined || envelope.id === null) {
         this.drawSynthetic(envelope);
       } else {
@@ -160,6 +173,18 @@ export class SnapshotSync {
     this.setOlder(snapshot);
   }
 
+  /** Draw a compacted entry in the transcript (as its events would draw) and as one log row `a–b`. */
+  drawCompacted(envelope, source) {
+    for (const part of expandEntry(envelope)) this.page.transcript.apply(part);
+    this.page.log.add({
+      id: `${envelope.firstId}–${envelope.lastId}`,
+      type: String(envelope.event),
+      timeMs: serverTime(envelope),
+      source,
+      note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
+    });
+  }
+
   /** Draw a synthetic entry of a snapshot (`history_truncated`) in the transcript and the log. */
   drawSynthetic(envelope) {
     const data = isObject(envelope.data) ? envelope.data : {};
@@ -174,9 +199,10 @@ export class SnapshotSync {
 
   /**
    * Continue the view from a snapshot loaded for a resync, keeping what is shown (SC-12).
-   * Same epoch: the span the ring lost after the cursor is marked and the events above the
-   * cursor are applied in order (the page fetches a part beyond this page as a gap,
-   * SC-14). Another epoch (a restart): what is shown is kept greyed under a marker and the
+   * Same epoch: the span the ring lost after the cursor is marked and the entries that end
+   * above the cursor are applied in order, a compacted one as one frame (the page fetches
+   * a part beyond this page, or the part above the cursor of an entry that starts below
+   * it, as a gap, SC-14). Another epoch (a restart): what is shown is kept greyed under a marker and the
    * snapshot is drawn below it; its `lastEventId` becomes the cursor. An empty view is
    * simply rebuilt.
    */
@@ -187,7 +213,8 @@ export class SnapshotSync {
       return;
     }
     const { transcript, log } = this.page;
-    const events = snapshot.events.filter((e) => isObject(e) && Number.isSafeInteger(e.id));
+    const events = snapshot.events.filter((e) => (isObject(e) && Number.isSafeInteger(e.id)) || isCompacted(e));
+    const lastOf = (e) => (e.type === "compacted" ? e.lastId : e.id);
     const sameEpoch = this.epoch !== null && snapshot.epoch === this.epoch;
     if (sameEpoch) {
       const earliest = Number.isSafeInteger(snapshot.earliestAvailableId) ? snapshot.earliestAvailableId : cursor + 1;
@@ -206,15 +233,15 @@ export class SnapshotSync {
       this.page.setCursor(null); // a new id sequence: nothing of it is shown yet
       this.setOlder({ hasOlder: false }); // "load earlier" would draw above the old epoch's events
       this.epoch = snapshot.epoch ?? null;
-      this.shownFrom = events.length ? events[0].id : null;
+      this.shownFrom = events.length ? (events[0].type === "compacted" ? events[0].firstId : events[0].id) : null;
       for (const envelope of snapshot.events) {
         if (isObject(envelope) && envelope.type === "history_truncated") this.drawSynthetic(envelope);
       }
     }
     let count = 0;
     for (const envelope of events) {
-      if (this.page.cursor() !== null && envelope.id <= this.page.cursor()) continue;
-      count += 1;
+      if (this.page.cursor() !== null && lastOf(envelope) <= this.page.cursor()) continue;
+      count += envelope.type === "compacted" ? envelope.lastId - envelope.firstId + 1 : 1;
       this.page.apply(snapshotFrame(envelope));
     }
     const lastEventId = Number.isSafeInteger(snapshot.lastEventId) ? snapshot.lastEventId : this.page.cursor();
@@ -240,7 +267,7 @@ export class SnapshotSync {
         failure = null;
         for (let attempt = 1; attempt <= SNAPSHOT_ATTEMPTS; attempt += 1) {
           try {
-            this.continueFrom(await this.page.load(""));
+            this.continueFrom(await this.page.load(snapshotQuery("")));
             break;
           } catch (error) {
             failure = error;

@@ -92,3 +92,53 @@ def test_page_reads_the_gzipped_stream(page: Page, server: ServerProcess) -> Non
         f"/session/{session.id}/events",
     )
     assert encoding == "gzip"
+
+
+_FRESH_TEXT = """() => [...document.querySelectorAll("#transcript > *")]
+    .filter(n => !n.classList.contains("stale") && !n.matches(".marker-lost, .marker-truncated"))
+    .map(n => n.innerText)"""
+"""The transcript's entries that are not greyed and not a lost/truncated marker."""
+
+
+def test_a_resync_continues_from_the_compacted_snapshot_as_a_raw_load_draws_it(
+    page: Page, server: ServerProcess
+) -> None:
+    # SC-12 with the compacted snapshot (issue 28): the resync asks compact=1, a run of
+    # token events is one frame-log row a–b, the text below the lost span is the one a raw
+    # load draws, and the stream resumes after it with no gap and no duplicate.
+    session = RemoteSession.create(server.base_url, ringSize=60, title="resync")
+    view = SessionPage(page, session).open(install_clock=True)
+    first = _turn(session, [f"a{n} " for n in range(10)], "c1")
+    view.wait_for_id(first[-1])
+    view.freeze_clock()
+    page.click("#drop")
+    view.expect_state("reconnecting")
+    loads_before = len(view.traffic.requests)
+    later = _turn(session, [f"b{n} " for n in range(40)], "c2")
+    later += _turn(session, [f"c{n} " for n in range(30)], "c3")
+    view.advance_clock(5_000)
+    expect(page.locator("#last-resync")).to_contain_text("view rebuilt", timeout=15_000)
+    loads = [
+        r.query for r in view.traffic.requests[loads_before:] if r.path == f"/session/{session.id}"
+    ]
+    assert loads == ["compact=1"], "the resync loads the compacted snapshot, once"
+    view.wait_for_id(later[-1])
+    earliest = later[-1] - 59  # the ring keeps the newest 60
+    rows = page.eval_on_selector_all(
+        "#frame-log tbody tr[data-id]:not(.row-stale)",
+        "rows => rows.map(r => r.cells[0].textContent)",
+    )
+    assert any("–" in row for row in rows), rows  # the 30 words of turn 3: one row
+    assert len(rows) < 60 / 2, rows
+    assert view.log_ids() == [*first, *range(earliest, later[-1] + 1)]
+    raw = SessionPage(page.context.new_page(), session)  # the same login, a raw first load
+    raw.page.goto(f"{session.page_url}?compact=0")
+    raw.expect_state("open")
+    raw.wait_for_id(later[-1])
+    assert raw.log_ids() == list(range(earliest, later[-1] + 1))
+    assert page.evaluate(_FRESH_TEXT) == raw.page.evaluate(_FRESH_TEXT)
+    raw.page.close()
+    live = session.say("live ", "words")
+    view.wait_for_id(live[-1])
+    assert view.log_ids() == [*first, *range(earliest, live[-1] + 1)], "no gap, no duplicate"
+    assert view.agent_text().endswith("c29 live words")

@@ -116,6 +116,9 @@ async def test_create_by_logged_in_user_with_csrf_makes_them_owner(make_user, op
         ({"ringSize": "8"}, "ringSize"),
         ({"ringSize": True}, "ringSize"),
         ({"ringSize": 2.5}, "ringSize"),
+        ({"streamCompression": "false"}, "streamCompression"),
+        ({"streamCompression": 0}, "streamCompression"),
+        ({"streamCompression": None}, "streamCompression"),
     ],
 )
 async def test_create_with_bad_field_is_400_naming_it(body, field):

@@ -35,6 +35,9 @@ def test_create_session_prints_id_and_working_tokens() -> None:
     assert AgentSession.objects.get(pk=created["id"]).title == "t"
     assert verify_token(created["tokens"]["read"]).grants(created["id"], "read")
     assert verify_token(created["tokens"]["publish"]).grants(created["id"], "publish")
+    assert AgentSession.objects.get(pk=created["id"]).stream_compression
+    plain = json.loads(run("create_session", "--no-stream-compression"))
+    assert not AgentSession.objects.get(pk=plain["id"]).stream_compression
 
 
 def test_issue_token_scopes_one_session() -> None:

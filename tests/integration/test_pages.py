@@ -65,6 +65,23 @@ async def test_session_page_for_owner_hands_the_script_its_urls(make_user, make_
     assert (config["maxQueuedBytes"], config["isOperator"]) == (2 * 1024 * 1024, False)
 
 
+async def test_session_page_says_whether_its_streams_may_be_gzipped(
+    make_user, make_session, qwenweb_settings
+):
+    owner = await make_user("alice")
+    cookie = {"cookie": await login_cookie(owner)}
+    plain = await make_session(owner=owner, stream_compression=False)
+    gzipped = await make_session(owner=owner)
+    for sid, expected in ((plain, False), (gzipped, True)):
+        response = await call("GET", f"/sessions/{sid}/", headers=cookie)
+        assert page_config(response.body)["streamCompression"] is expected
+        word = b"on" if expected else b"off"
+        assert b">compression " + word + b"</span>" in response.body
+    qwenweb_settings(STREAM_COMPRESSION=False)  # the deployment's switch wins
+    response = await call("GET", f"/sessions/{gzipped}/", headers=cookie)
+    assert page_config(response.body)["streamCompression"] is False
+
+
 async def test_owner_gets_the_publish_console_but_not_the_live_subscribers(make_user, make_session):
     owner = await make_user("alice")
     sid = await make_session(owner=owner)

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from sessions.auth import issue_token
 from sessions.wire import ServerSentEvent, SSEParser
-from tests.integration.conftest import Stream, assert_error, close, publish
+from tests.integration.conftest import Stream, assert_error, bearer, call, close, publish
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -87,6 +88,31 @@ async def test_setting_turns_compression_off_for_the_deployment(
     sid = await make_session()
     stream = await stream_of(sid, headers=BROWSER)
     assert "content-encoding" not in stream.headers
+
+
+async def test_a_session_created_with_compression_off_is_never_gzipped(make_session, stream_of):
+    # The per-session switch (POST /session ``streamCompression``): whatever the request
+    # accepts and even with ?compress=1; a session with the default beside it is gzipped.
+    creator = bearer(issue_token("*", ["create"]))
+    created = await call(
+        "POST", "/session", headers=creator, json_body={"streamCompression": False}
+    )
+    assert created.status == 201
+    assert created.json()["streamCompression"] is False
+    sid = created.json()["id"]
+    for query in ("", "compress=1"):
+        stream = await stream_of(sid, headers=BROWSER, query=query)
+        assert "content-encoding" not in stream.headers
+        assert stream.headers["vary"] == "accept-encoding"
+        assert await stream.read_chunk() == b"retry: 3000\n\n"
+        await _published(sid, 1)
+        assert b"word0" in await stream.read_chunk()
+    default = await call("POST", "/session", headers=creator, json_body={})
+    assert default.json()["streamCompression"] is True
+    other = await stream_of(default.json()["id"], headers=BROWSER)
+    assert other.headers["content-encoding"] == "gzip"
+    made = await make_session(stream_compression=False)  # manage.py create_session's way
+    assert "content-encoding" not in (await stream_of(made, headers=BROWSER)).headers
 
 
 @pytest.mark.parametrize("query", ["compress=yes", "compress=1&compress=0", "compress="])

@@ -151,3 +151,22 @@ test("an aborted repair applies nothing and hands back what it held", async () =
   await done;
   assert.deepEqual(applied, []);
 });
+
+test("a compacted entry's frame opens the gap at its first id and is applied after the range", async () => {
+  const { load, queries } = ringLoader(1, 100);
+  const { repair, applied } = recorder(load);
+  const compacted = { id: "30", firstId: 25, type: "compacted", data: "{}", json: {} };
+  await repair.start(20, compacted);
+  assert.deepEqual(queries, ["?before=25&limit=4"]);
+  assert.deepEqual(applied, [21, 22, 23, 24, 30]);
+});
+
+test("without a frame, the range up to `before` is fetched raw and nothing else applied", async () => {
+  const { load, queries } = ringLoader(1, 100);
+  const { repair, applied } = recorder(load);
+  const done = repair.start(20, null, 26);
+  repair.hold(frame(26)); // arrives while the range is fetched
+  await done;
+  assert.deepEqual(queries, ["?before=26&limit=5"]);
+  assert.deepEqual(applied, [21, 22, 23, 24, 25, 26]);
+});

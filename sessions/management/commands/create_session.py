@@ -21,6 +21,11 @@ class Command(BaseCommand):
         parser.add_argument("--title", default="")
         parser.add_argument("--owner", help="username of the owner")
         parser.add_argument("--ring-size", type=int, default=None)
+        parser.add_argument(
+            "--no-stream-compression",
+            action="store_true",
+            help="never gzip this session's streams (docs/protocol.md, Compression)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         owner = None
@@ -31,7 +36,12 @@ class Command(BaseCommand):
         ring_size = options["ring_size"]
         if ring_size is not None and not 1 <= ring_size <= MAX_EVENT_RING_SIZE:
             raise CommandError(f"--ring-size must be in [1, {MAX_EVENT_RING_SIZE:_}]")
-        row = AgentSession.objects.create(title=options["title"], owner=owner, ring_size=ring_size)
+        row = AgentSession.objects.create(
+            title=options["title"],
+            owner=owner,
+            ring_size=ring_size,
+            stream_compression=not options["no_stream_compression"],
+        )
         subject = owner.get_username() if owner else "cli"
         owner_id = owner.pk if owner else None
         self.stdout.write(
