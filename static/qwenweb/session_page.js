@@ -39,14 +39,18 @@
  * for a free connection (./connection_wait.js). While reading is paused, the page asks the
  * server whether it still holds this page's reader (./paused_reader.js).
  *
- * Controls: Drop, Pause reading and maxQueued are wired here; "Start demo agent" is
- * ./demo_control.js. Tools below the grid: the publish console with its "Provoke
- * backpressure" helper (./publish_console.js; owner and staff) and, for staff, the live
- * subscribers table (./subscribers.js). The stream sends `X-Client-Id: page-<random>` so
+ * Controls: Drop, Pause reading and maxQueued are wired here. Below the grid, the debug
+ * tools under their own heading, off once the session has ended: "Start demo agent"
+ * (./demo_control.js), the publish console with its "Provoke backpressure" helper
+ * (./publish_console.js; owner and staff); and, for staff, the live subscribers table
+ * (./subscribers.js). The transcript has a search (./transcript_search.js); a frame's JSON
+ * opens in a dialog (./event_json.js); `#e<id>` links show an event (./event_links.js). The stream sends `X-Client-Id: page-<random>` so
  * that both can tell this page's own subscriber among the others.
  */
 import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
+import { EventJsonDialog } from "./event_json.js";
+import { EventLinks } from "./event_links.js";
 import { clip, describeEvent, isObject, serverTime, streamErrorText } from "./envelopes.js";
 import { FrameLog, formatTime, setText } from "./frame_log.js";
 import { GapRepair } from "./gap_repair.js";
@@ -58,6 +62,7 @@ import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
+import { TranscriptSearch } from "./transcript_search.js";
 
 class SessionPage {
   constructor(config, dom) {
@@ -77,6 +82,7 @@ class SessionPage {
     this.paused = false;
     this.maxQueued = undefined;
     this.evictedWhilePaused = false;
+    this.debugTools = true;
     this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
     this.signalListeners = [];
     this.waitNotice = new ConnectionWaitNotice(dom.banner);
@@ -117,11 +123,14 @@ class SessionPage {
       notify: (text, kind) => this.panel.notify(text, kind),
       onChange: () => this.renderPanel(),
     });
+    this.links = new EventLinks({ log: this.log, transcript: this.transcript, notify: (text, kind) => this.panel.notify(text, kind) });
+    this.json = new EventJsonDialog(dom.eventJson);
   }
 
   /** Load the snapshot, render it, open the stream from its cursor. Never throws. */
   async start() {
     this.bindControls();
+    this.bindViews();
     this.startTools();
     this.demo.setRunning(this.demo.running);
     setText(this.dom.streamUrl, this.config.urls.events);
@@ -142,7 +151,53 @@ class SessionPage {
       this.panel.notify(`Could not load the snapshot (${error.message}); streaming live only.`, "error");
     }
     if (snapshot !== null) this.snapshots.rebuild(snapshot);
+    this.transcript.setLoaded();
+    if (snapshot !== null && snapshot.status === "closed") this.setDebugTools(false);
+    this.links.showFromUrl();
     this.openStream(snapshot !== null ? snapshotCursor(snapshot) : "", snapshot !== null ? snapshot.epoch : null);
+  }
+
+  /** The transcript's search, the `#e<id>` links, the JSON of frames and transcript blocks. */
+  bindViews() {
+    const { dom } = this;
+    new TranscriptSearch({
+      root: dom.transcript,
+      form: dom.searchForm,
+      input: dom.searchInput,
+      previous: dom.searchPrevious,
+      count: dom.searchCount,
+      follower: this.transcript.follower,
+    }).bind();
+    this.links.bind();
+    this.log.onOpen = (row, json) => {
+      const id = row.dataset.id;
+      const title = id !== undefined ? `Event #${id} · ${row.dataset.type}` : `${row.dataset.type} (synthetic frame)`;
+      this.json.show(title, json !== null ? json : this.fetchEvent(Number(id)));
+    };
+    dom.transcript.addEventListener("click", (event) => {
+      const button = event.target.closest("button.btn-json");
+      const block = button !== null ? button.closest(".msg, .tool, .marker") : null;
+      if (block === null) return;
+      const events = this.transcript.eventsOf(block);
+      const ids = block.querySelector(".msg-ids, .event-link");
+      this.json.show(`${events.length === 1 ? "Event" : `${events.length} events`} ${ids !== null ? ids.textContent : ""}`, events.length === 1 ? events[0] : events);
+    });
+  }
+
+  /** Event `id` as the server holds it (`GET /session/<id>?limit=1&before=<id + 1>`, raw). */
+  async fetchEvent(id) {
+    const snapshot = await this.loadSnapshot(`?limit=1&before=${id + 1}`);
+    const event = snapshot.events.find((entry) => isObject(entry) && entry.id === id);
+    if (event === undefined) throw new Error(`the server no longer holds event #${id}`);
+    return event;
+  }
+
+  /** The debug tools work while the session is live, and are off once it has ended. */
+  setDebugTools(enabled) {
+    this.debugTools = enabled;
+    this.dom.debugEnded.hidden = enabled;
+    this.publishConsole.setEnabled(enabled);
+    this.renderPanel();
   }
 
   /** `GET /session/<id>` (the newest events; `query` e.g. "?before=120" pages back). */
@@ -215,6 +270,7 @@ class SessionPage {
 
   setState(state, info = {}) {
     this.state = state;
+    if (state === "ended" && this.debugTools) this.setDebugTools(false);
     this.evictedWhilePaused = false; // the stream speaks again: its state is the truth
     this.readerWatch.resetMisses();
     // A response to a request that carried a cursor starts with replay (EB-7).
@@ -301,6 +357,8 @@ class SessionPage {
       timeMs: serverTime(envelope),
       source,
       note: describeEvent(envelope, size),
+      json: envelope,
+      size,
     });
   }
 
@@ -363,7 +421,7 @@ class SessionPage {
         note = clip(raw, 160); // unknown types are shown raw, never fatal (SC-12)
         break;
     }
-    this.log.add({ kind: "synthetic", type, timeMs, note, source: this.replaying ? "replay" : "" });
+    this.log.add({ kind: "synthetic", type, timeMs, note, source: this.replaying ? "replay" : "", json: envelope ?? raw, size: raw.length });
   }
 
   // -- controls --
@@ -424,7 +482,7 @@ class SessionPage {
       onSignal: (callback) => this.onSignal(callback),
     };
     const { dom } = this;
-    new PublishConsole({
+    this.publishConsole = new PublishConsole({
       dom: {
         form: dom.publishForm,
         type: dom.publishType,
@@ -436,7 +494,8 @@ class SessionPage {
       },
       urls: { token: urls.token, events: urls.publish, subscribers: urls.subscribers },
       page,
-    }).bind();
+    });
+    this.publishConsole.bind();
     const root = document.getElementById("subscribers");
     if (urls.subscribers && root !== null) {
       this.subscribers = new SubscribersTable({
@@ -528,6 +587,8 @@ class SessionPage {
       framesReceived: this.framesReceived,
       duplicates: this.duplicates,
       demoRunning: this.demo.running,
+      debugTools: this.debugTools,
+      viewCursor: this.cursor,
     });
     this.updateReaderPoll();
   }
@@ -590,6 +651,12 @@ function collectDom() {
     provoke: byId("provoke"),
     provokeStop: byId("provoke-stop"),
     provokeStatus: byId("provoke-status"),
+    debugEnded: byId("debug-ended"),
+    searchForm: byId("transcript-search"),
+    searchInput: byId("transcript-query"),
+    searchPrevious: byId("search-previous"),
+    searchCount: byId("search-count"),
+    eventJson: byId("event-json"),
   };
 }
 

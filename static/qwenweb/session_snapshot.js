@@ -38,6 +38,11 @@ function snapshotFrame(envelope) {
   return { id: String(envelope.id), type: String(envelope.type), data, json: envelope, source: "snapshot" };
 }
 
+/** The length of an envelope's JSON (characters): whether the frame log keeps it. */
+function jsonSize(envelope) {
+  return JSON.stringify(envelope).length;
+}
+
 /**
  * The snapshot query for `params` (e.g. "before=120"): compacted unless the page was opened
  * with `?compact=0`; with `initial` (the first load) raw unless it was opened with
@@ -137,6 +142,8 @@ export class SnapshotSync {
           timeMs: serverTime(envelope),
           source: "snapshot",
           note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
+          json: envelope,
+          size: jsonSize(envelope),
         });
       } else if (envelope.id === undefined || envelope.id === null) {
         this.drawSynthetic(envelope);
@@ -149,6 +156,8 @@ export class SnapshotSync {
           timeMs: serverTime(envelope),
           source: "snapshot",
           note: describeEvent(envelope, 0),
+          json: envelope,
+          size: jsonSize(envelope),
         });
       }
     }
@@ -169,6 +178,7 @@ export class SnapshotSync {
       type: String(envelope.type),
       source: "snapshot",
       note: envelope.type === "history_truncated" ? `events before #${data.earliestAvailableId} are gone` : "",
+      json: envelope,
     });
   }
 
