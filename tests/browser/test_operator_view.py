@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import RemoteSession, SessionPage, agent_chunk, screenshot
+from tests.browser.conftest import RemoteSession, SessionPage, screenshot
 from tests.browser.test_page_ux import PHONE, axe_violations, document_width
 from tests.support.server import ServerProcess
 
@@ -31,12 +31,18 @@ def tool(update: str, call_id: str, **fields: Any) -> dict[str, Any]:
 def play_turn(session: RemoteSession) -> dict[str, int]:
     """One turn: a prompt, a read that completes, a command that fails, an answer, the end.
     Returns the ids by name."""
-    ids = {"prompt": session.publish("session_update", {
-        "sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "Find the needle."}})}  # fmt: skip
-    ids["read"] = session.publish("session_update", tool("tool_call", "c1", title="Read hay.txt", kind="read", status="in_progress"))
-    ids["read_done"] = session.publish("session_update", tool("tool_call_update", "c1", status="completed"))
-    ids["run"] = session.publish("session_update", tool("tool_call", "c2", title="Run grep", kind="execute", status="in_progress"))
-    ids["run_failed"] = session.publish("session_update", tool("tool_call_update", "c2", status="failed"))
+    user = {
+        "sessionUpdate": "user_message_chunk",
+        "content": {"type": "text", "text": "Find the needle."},
+    }
+    ids = {"prompt": session.publish("session_update", user)}
+    for name, update in [
+        ("read", tool("tool_call", "c1", title="Read hay.txt", kind="read", status="in_progress")),
+        ("read_done", tool("tool_call_update", "c1", status="completed")),
+        ("run", tool("tool_call", "c2", title="Run grep", kind="execute", status="in_progress")),
+        ("run_failed", tool("tool_call_update", "c2", status="failed")),
+    ]:
+        ids[name] = session.publish("session_update", update)
     ids["answer"] = session.say("The needle is ", "in the haystack.")[-1]
     ids["end"] = session.publish("turn_complete", {"turn": 1, "stopReason": "end_turn"})
     return ids
@@ -66,7 +72,8 @@ def test_a_turn_shows_each_tool_call_with_its_duration_and_outcome(
     expect(turn).to_have_attribute("data-complete", "true")
     expect(turn.locator(".turn-title")).to_have_text("Turn 1")
     expect(turn.locator(".turn-meta")).to_contain_text("end turn")
-    read, run = page.locator('.tool[data-tool-call-id="c1"]'), page.locator('.tool[data-tool-call-id="c2"]')
+    read = page.locator('.tool[data-tool-call-id="c1"]')
+    run = page.locator('.tool[data-tool-call-id="c2"]')
     expect(read).to_have_attribute("data-outcome", "completed")
     expect(read.locator(".tool-status")).to_have_text("completed")
     expect(run).to_have_attribute("data-outcome", "failed")
@@ -123,9 +130,10 @@ def test_an_event_link_in_the_url_scrolls_to_the_event_and_highlights_it(
     page.goto(f"{session.page_url}#e{target}")  # the same document: a hashchange
     row = f'#frame-log tr[data-id="{target}"]'
     expect(page.locator(row)).to_have_class(re.compile(r"\bis-target\b"))
-    expect(page.locator('#transcript .tool[data-tool-call-id="c1"]')).to_have_class(re.compile(r"\bis-target\b"))
+    card = page.locator('#transcript .tool[data-tool-call-id="c1"]')
+    expect(card).to_have_class(re.compile(r"\bis-target\b"))
     page.wait_for_function(VISIBLE_IN, arg=[row, "#log-scroll"])
-    page.wait_for_function(VISIBLE_IN, arg=['#transcript .is-target', "#transcript"])
+    page.wait_for_function(VISIBLE_IN, arg=["#transcript .is-target", "#transcript"])
     page.reload()  # a page opened on such a URL shows the event once it is drawn
     view.expect_state("open")
     expect(page.locator(row)).to_have_class(re.compile(r"\bis-target\b"))
@@ -134,7 +142,8 @@ def test_an_event_link_in_the_url_scrolls_to_the_event_and_highlights_it(
     expect(page).to_have_url(re.compile(rf"#e{ids['prompt']}$"))
     expect(page.locator("#transcript .msg-user")).to_have_class(re.compile(r"\bis-target\b"))
     page.goto(f"{session.page_url}#e{last + 1000}")
-    expect(page.locator("#notice")).to_contain_text(f"Event #{last + 1000} is not shown on this page")
+    missing = f"Event #{last + 1000} is not shown on this page"
+    expect(page.locator("#notice")).to_contain_text(missing)
 
 
 def test_a_frames_json_opens_from_the_frame_log_and_the_transcript(
@@ -172,7 +181,9 @@ def test_an_empty_transcript_says_what_the_session_holds(page: Page, server: Ser
     for n in range(12):
         last = session.publish("note", {"n": n})
     view.wait_for_id(last)
-    expect(empty).to_have_text("No agent messages or tool calls yet: 12 events of other types (note ×12); see Frames.")
+    expect(empty).to_have_text(
+        "No agent messages or tool calls yet: 12 events of other types (note ×12); see Frames."
+    )
     page.reload()
     expect(empty).to_contain_text("12 events of other types")
     other = RemoteSession.create(server.base_url, title="closed empty")
@@ -183,7 +194,10 @@ def test_an_empty_transcript_says_what_the_session_holds(page: Page, server: Ser
 
 
 def debug_controls_disabled(page: Page) -> None:
-    for control in ("#demo", "#provoke", "#provoke-stop", "#publish-type", "#publish-data", "#publish-form button[type=submit]"):
+    for control in (
+        "#demo", "#provoke", "#provoke-stop", "#publish-type", "#publish-data",
+        "#publish-form button[type=submit]",
+    ):  # fmt: skip
         expect(page.locator(control)).to_be_disabled()
     expect(page.locator("#debug-ended")).to_be_visible()
 
@@ -211,7 +225,7 @@ def test_debug_tools_sit_apart_and_are_off_once_the_session_has_ended(
 def test_session_page_is_axe_clean_and_does_not_scroll_sideways(
     page: Page, server: ServerProcess, width: int
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="A session page read on a phone and a desk")
+    session = RemoteSession.create(server.base_url, title="A session page on a phone and a desk")
     page.set_viewport_size({"width": width, "height": PHONE["height"] if width < 1000 else 900})
     view = SessionPage(page, session).open()
     play_turn(session)
@@ -221,8 +235,16 @@ def test_session_page_is_axe_clean_and_does_not_scroll_sideways(
     expect(page.locator("#subscribers tbody tr")).to_have_count(1)  # this page's subscriber
     page.locator("#transcript-query").fill("needle")
     assert document_width(page) <= width
-    first_cells = page.eval_on_selector_all("#frame-log tbody tr[data-id]", "rows => rows.map(r => r.cells[0].textContent)")
+    first_cells = page.eval_on_selector_all(
+        "#frame-log tbody tr[data-id]", "rows => rows.map(r => r.cells[0].textContent)"
+    )
     assert first_cells[-1] == str(last)  # still a table, one row per frame, the id first
+    log_display = "getComputedStyle(document.getElementById('frame-log')).display"
+    assert page.evaluate(log_display) == "table"
+    subs = page.evaluate(
+        "(e => [e.scrollWidth, e.clientWidth])(document.querySelector('.subs-scroll'))"
+    )
+    assert subs[0] <= subs[1], f"the subscribers scroll sideways inside their box: {subs}"
     found = {"live": axe_violations(page)}
     if width < 1000:
         screenshot(page, "session-page-phone")
