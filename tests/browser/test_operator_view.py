@@ -221,6 +221,7 @@ def test_debug_tools_sit_apart_and_are_off_once_the_session_has_ended(
     assert "stopped after" not in page.locator("body").inner_text().lower()
 
 
+@pytest.mark.timeout(180)  # two axe-core runs, slow on a loaded machine: a liveness bound only
 @pytest.mark.parametrize("width", [PHONE["width"], 1440])
 def test_session_page_is_axe_clean_and_does_not_scroll_sideways(
     page: Page, server: ServerProcess, width: int
@@ -246,8 +247,6 @@ def test_session_page_is_axe_clean_and_does_not_scroll_sideways(
     )
     assert subs[0] <= subs[1], f"the subscribers scroll sideways inside their box: {subs}"
     found = {"live": axe_violations(page)}
-    if width < 1000:
-        screenshot(page, "session-page-phone")
     session.close()
     view.expect_state("ended")
     assert document_width(page) <= width
