@@ -111,7 +111,7 @@ export class Transcript {
         break;
       case "session_closed":
         this.closed = true;
-        this._outsideTurn();
+        this._outsideTurn("unfinished: the session closed");
         this._marker(
           "closed",
           `Session closed${data && data.closedBy ? ` by ${data.closedBy}` : ""}${data && data.reason ? ` (${data.reason})` : ""}`,
@@ -119,7 +119,7 @@ export class Transcript {
         );
         break;
       case "history_truncated":
-        this._outsideTurn();
+        this._outsideTurn("continued below");
         this._marker(
           "truncated",
           `Earlier events are no longer kept by the server: history starts at #${data ? data.earliestAvailableId : "?"}.`,
@@ -144,14 +144,14 @@ export class Transcript {
       if (node.classList.contains("turn")) for (const child of node.children) child.classList.add("stale");
       else node.classList.add("stale");
     }
-    this._outsideTurn();
+    this._outsideTurn("continued below");
     this.tools = new Map();
   }
 
   /** Add a note that is not an event (e.g. the session is closed, a span was lost). */
   note(kind, text) {
     if (kind === "closed") this.closed = true;
-    this._outsideTurn();
+    this._outsideTurn(kind === "closed" ? "unfinished: the session closed" : "continued below");
     this._marker(kind, text, null);
     this._renderCount();
   }
@@ -192,8 +192,12 @@ export class Transcript {
     this.turn = null;
   }
 
-  /** A marker between turns: the open turn stays unfinished, what follows opens a new one. */
-  _outsideTurn() {
+  /**
+   * A marker between turns: the open turn stays unfinished (its head says `why`), what
+   * follows opens a new one.
+   */
+  _outsideTurn(why) {
+    if (this.turn !== null) setText(this.turn.meta, why);
     this.turns.interrupt();
     this.turn = null;
     this.current = null;

@@ -63,3 +63,11 @@ test("the cursor is never an id that was not issued", () => {
   assert.equal(cursorText("", null).text, "—");
   assert.equal(cursorText("42", 41).text, "42");
 });
+
+test("a turn the session's close interrupts says it is unfinished, not in progress", () => {
+  const root = element("section");
+  const transcript = new Transcript(root, element("span"));
+  transcript.apply({ id: 1, type: "session_update", data: { sessionUpdate: "agent_message_chunk", content: { type: "text", text: "bye" } } });
+  transcript.apply({ id: 2, type: "session_closed", data: { reason: "closed" } });
+  assert.equal(byClass(root, "turn-meta")[0].textContent, "unfinished: the session closed");
+});
