@@ -110,10 +110,11 @@ soak: $(STAMP) system-deps
 	QWENWEB_SOAK_FREEZE_S=110 $(PY) -m pytest -q -s tests/e2e/test_frozen_reader.py
 
 # Re-take docs/session-page-*.png from the browser tests that reach those states: live
-# (1440 px), phone (390 px), evicted while paused and after the recovery, ended.
+# (1440 px), phone (390 px), evicted while paused and after the recovery, ended, and a
+# turn with its tool calls.
 screenshots: $(STAMP) system-deps
 	QWENWEB_SCREENSHOT_DIR=docs $(PY) -m pytest -q -m browser tests/browser \
-		-k "demo_agent or closed or 390px_phone or paused_page"
+		-k "demo_agent or closed or 390px_phone or paused_page or duration_and_outcome"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

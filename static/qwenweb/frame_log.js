@@ -13,11 +13,19 @@
  * type), `#log-incidents` (warnings, evictions, resyncs, stream errors and what the page
  * noticed), `#log-search` (text in the id, type or note), `#log-export` (the kept rows as
  * NDJSON, one `{"id", "type", "kind", "source", "time", "note"}` object per line).
+ *
+ * Each row's id cell links to its event (`#e<id>`, ./event_links.js; the id stays the
+ * cell's text: the Gap repair checks read it), and a frame's type is a button that opens
+ * its full JSON (`onOpen(row, payload)`; the payload is the envelope when it is at most
+ * `MAX_KEPT_JSON_CHARS` long, else null: the page fetches it from the server).
  */
 
 import { lookup } from "./lookup.js";
 
 const MAX_LOG_ROWS = 2000;
+/** A frame's envelope is kept for its JSON up to this size (characters); larger ones (the
+ * 64 KiB probes of "Provoke backpressure": 2,000 rows would hold 128 MiB) are fetched. */
+export const MAX_KEPT_JSON_CHARS = 16 * 1024;
 const FOLLOW_SLACK_PX = 48;
 const INCIDENT_TYPES = new Set([
   "slow_client_warning",
@@ -129,6 +137,13 @@ function isoTime(ms) {
 export class FrameLog {
   constructor(body, countElement, scroller, tools = findTools()) {
     this.body = body;
+    this.payloads = new WeakMap(); // row → {json} (null: too large to keep)
+    this.onOpen = () => {};
+    body.addEventListener("click", (event) => {
+      const button = event.target.closest ? event.target.closest("button.frame-json") : null;
+      const row = button !== null ? button.closest("tr") : null;
+      if (row !== null && this.payloads.has(row)) this.onOpen(row, this.payloads.get(row).json);
+    });
     this.countElement = countElement;
     this.tools = tools;
     this.records = [];
@@ -152,9 +167,10 @@ export class FrameLog {
 
   /**
    * Add a row. kind: "event" (has an id), "synthetic" (a server frame without id) or
-   * "local" (something this page noticed, e.g. a gap).
+   * "local" (something this page noticed, e.g. a gap). `json`: the frame's envelope (or
+   * its raw text), opened by a click on its type; `size`: its length in characters.
    */
-  add({ id = null, type, timeMs, source = "", note = "", kind = "event" }) {
+  add({ id = null, type, timeMs, source = "", note = "", kind = "event", json, size = 0 }) {
     const row = h("tr", `row-${kind}`);
     row.dataset.kind = kind;
     row.dataset.type = type;
@@ -162,10 +178,25 @@ export class FrameLog {
     if (source) row.dataset.source = source;
     const signal = lookup(SIGNAL_CLASSES, type);
     if (signal) row.classList.add(`row-${signal}`);
-    const idCell = h("td", "num mono", id !== null ? id : kind === "synthetic" ? "◆" : "·");
-    if (id === null) idCell.title = kind === "synthetic" ? "synthetic frame: no id, never moves the cursor" : "noted by this page";
+    const idCell = h("td", "num mono");
+    if (id !== null) {
+      const link = h("a", "event-link", id);
+      link.href = `#e${String(id).split("–")[0]}`;
+      idCell.append(link);
+    } else {
+      idCell.textContent = kind === "synthetic" ? "◆" : "·";
+      idCell.title = kind === "synthetic" ? "synthetic frame: no id, never moves the cursor" : "noted by this page";
+    }
     const typeCell = h("td", "type");
-    typeCell.append(h("span", `type-name${signal ? ` sig sig-${signal}` : ""}`, type));
+    const name = h(json !== undefined ? "button" : "span", `type-name${signal ? ` sig sig-${signal}` : ""}`, type);
+    if (json !== undefined) {
+      name.type = "button";
+      name.classList.add("frame-json");
+      name.setAttribute("aria-haspopup", "dialog");
+      name.title = "Show this frame's JSON";
+      this.payloads.set(row, { json: size <= MAX_KEPT_JSON_CHARS ? json : null });
+    }
+    typeCell.append(name);
     const noteCell = h("td", "note");
     if (source) noteCell.append(h("span", `source source-${source}`, source));
     noteCell.append(document.createTextNode(note));
@@ -187,6 +218,23 @@ export class FrameLog {
     }
     this._renderCount();
     this.follower.kick();
+  }
+
+  /** The row of event `id` (also a compacted row `a–b` holding it), or null. */
+  rowFor(id) {
+    for (const row of this.body.rows) {
+      const [first, last] = (row.dataset.id ?? "").split("–").map(Number);
+      if (first === id || (last !== undefined && first <= id && id <= last)) return row;
+    }
+    return null;
+  }
+
+  /** The ids of the first and the last event row kept, or null when there is none. */
+  idRange() {
+    const ids = [];
+    for (const row of this.body.rows) if (row.dataset.id !== undefined) ids.push(row.dataset.id);
+    if (ids.length === 0) return null;
+    return { first: Number(ids[0].split("–")[0]), last: Number(ids.at(-1).split("–").at(-1)) };
   }
 
   /** Grey the rows kept so far (class `row-stale`): the view was continued after a resync. */

@@ -92,6 +92,7 @@ export function queuePastWarning(row, maxQueued, maxQueuedBytes) {
 
 /** Whether a run must stop publishing now, and why (a key of `STOP_REASONS`), else null. */
 export function stopReason(run) {
+  if (run.ended) return "ended";
   if (run.stopRequested) return "stopped";
   if (run.failure !== null) return "failed";
   if (run.evictedOnServer) return "evicted";
@@ -148,6 +149,7 @@ export class PublishConsole {
     this.page = page;
     this.tokens = new PublishTokens(urls.token);
     this.run = null;
+    this.enabled = true;
     page.onSignal((type) => {
       if (this.run === null) return;
       if (type === "slow_client_warning") this.run.warnedOnPage = true;
@@ -168,6 +170,27 @@ export class PublishConsole {
         this.run.wake();
       }
     });
+  }
+
+  /**
+   * Turn the console on or off (off once the session has ended: nothing more can be
+   * published). Turning it off stops a running "Provoke backpressure" at its next step and
+   * hides the last results, whose words are about a live session. Idempotent.
+   */
+  setEnabled(enabled) {
+    this.enabled = enabled;
+    for (const control of this.dom.form.elements) control.disabled = !enabled;
+    this.dom.provoke.disabled = !enabled || this.run !== null;
+    this.dom.stop.disabled = !enabled || this.run === null;
+    if (!enabled) {
+      this.dom.result.hidden = true;
+      if (this.run !== null) {
+        this.run.ended = true;
+        this.run.wake();
+      } else {
+        this.dom.provokeStatus.hidden = true;
+      }
+    }
   }
 
   /** POST one event; `{ok: true, id, epoch}` or `{ok: false, text}` (words). Never throws. */
@@ -216,7 +239,7 @@ export class PublishConsole {
     const submit = this.dom.form.querySelector("button[type=submit]");
     submit.disabled = true;
     const outcome = await this.publish(JSON.stringify(event));
-    submit.disabled = false;
+    submit.disabled = !this.enabled;
     if (outcome.ok) this.say("ok", `Published event #${outcome.id} (epoch ${outcome.epoch}).`);
     else this.say("error", `Not published: ${outcome.text}`);
   }
@@ -259,7 +282,7 @@ export class PublishConsole {
       await this.finish(run, pausedByUs);
     } finally {
       this.run = null;
-      this.dom.provoke.disabled = false;
+      this.dom.provoke.disabled = !this.enabled;
       this.dom.stop.disabled = true;
     }
   }
@@ -321,6 +344,11 @@ export class PublishConsole {
   async finish(run, pausedByUs) {
     const why = stopReason(run);
     const sent = `${run.published} events (${formatBytes(run.bytes)})`;
+    if (why === "ended") {
+      this.status("ok", `Stopped: the session has ended (after ${sent}).`);
+      if (pausedByUs) this.page.setPaused(false);
+      return;
+    }
     if (why === "failed") {
       this.status("error", `Stopped after ${sent}: ${run.failure}`);
       if (pausedByUs) this.page.setPaused(false);
@@ -355,6 +383,7 @@ export class PublishConsole {
 
 const STOP_REASONS = {
   stopped: "stopped by you",
+  ended: "the session has ended",
   evicted: "the server evicted this page's reader",
   warned: "this page's stream showed slow_client_warning",
   max_events: `the limit of ${MAX_EVENTS.toLocaleString("en-US")} events`,
@@ -368,6 +397,7 @@ function newRun() {
     bytes: 0,
     lastId: 0,
     failure: null,
+    ended: false,
     stopRequested: false,
     done: false,
     ownId: null,

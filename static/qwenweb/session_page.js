@@ -39,19 +39,20 @@
  * for a free connection (./connection_wait.js). While reading is paused, the page asks the
  * server whether it still holds this page's reader (./paused_reader.js).
  *
- * Controls: Drop, Pause reading and maxQueued are wired here; "Start demo agent" is
- * ./demo_control.js. Tools below the grid: the publish console with its "Provoke
- * backpressure" helper (./publish_console.js; owner and staff) and, for staff, the live
- * subscribers table (./subscribers.js). The stream sends `X-Client-Id: page-<random>` so
- * that both can tell this page's own subscriber among the others.
- *
- * Transport: `?transport=ws` runs the stream over the multiplexed WebSocket (`GET /ws`,
- * ./ws.js) instead of SSE, said in the connection panel ("Transport"); everything above
- * holds, with the token replaced in band before it expires. A WebSocket reader has no
- * `X-Client-Id`, so the paused-reader check is off there.
+ * Controls: Drop, Pause reading and maxQueued are wired here. Below the grid, the debug
+ * tools under their own heading, off once the session has ended: "Start demo agent"
+ * (./demo_control.js), the publish console with its "Provoke backpressure" helper
+ * (./publish_console.js; owner and staff); and, for staff, the live subscribers table
+ * (./subscribers.js). The transcript has a search (./transcript_search.js); a frame's JSON
+ * opens in a dialog (./event_json.js); `#e<id>` links show an event (./event_links.js).
+ * The stream sends `X-Client-Id: page-<random>` so that both can tell this page's own
+ * subscriber among the others. `?transport=ws` runs it over the WebSocket instead
+ * (./stream_transport.js; no X-Client-Id there, so the paused-reader check is off).
  */
 import { ConnectionWaitNotice } from "./connection_wait.js";
 import { DemoControl } from "./demo_control.js";
+import { EventJsonDialog } from "./event_json.js";
+import { EventLinks } from "./event_links.js";
 import { clip, describeEvent, isObject, serverTime, streamErrorText } from "./envelopes.js";
 import { FrameLog, formatTime, setText } from "./frame_log.js";
 import { GapRepair } from "./gap_repair.js";
@@ -63,14 +64,8 @@ import { StatusPanel, othersAfterDetach } from "./session_status.js";
 import { SharedStream } from "./shared_stream.js";
 import { SubscribersTable, formatBytes } from "./subscribers.js";
 import { Transcript } from "./transcript.js";
-import { WsSessionStream, socketUrl } from "./ws.js";
-
-/**
- * Over the WebSocket, a token is replaced in band at this fraction of its lifetime, counted
- * from when it arrived: half leaves room for a slow token request (and costs one token a
- * half-hour at the default lifetime).
- */
-const TOKEN_REFRESH_AT = 0.5;
+import { StreamTransport } from "./stream_transport.js";
+import { TranscriptSearch } from "./transcript_search.js";
 
 class SessionPage {
   constructor(config, dom) {
@@ -90,9 +85,11 @@ class SessionPage {
     this.paused = false;
     this.maxQueued = undefined;
     this.evictedWhilePaused = false;
+    this.debugTools = true;
     this.clientId = `page-${Math.random().toString(36).slice(2, 10)}`;
-    // `?transport=ws`: the stream rides the multiplexed WebSocket (./ws.js) instead of SSE.
-    this.overWebSocket = new URLSearchParams(window.location.search).get("transport") === "ws";
+    // SSE, or the multiplexed WebSocket with `?transport=ws` (./stream_transport.js).
+    const onCallbackError = (error) => this.onStreamCallbackError(error);
+    this.transport = new StreamTransport({ config, tokens: this.tokens, clientId: this.clientId, onCallbackError });
     this.signalListeners = [];
     this.waitNotice = new ConnectionWaitNotice(dom.banner);
     this.snapshots = new SnapshotSync({
@@ -119,7 +116,7 @@ class SessionPage {
     });
     this.readerWatch = new PausedReaderWatch({
       // The server knows a WebSocket reader by no X-Client-Id: nothing to ask about it.
-      url: config.urls.reader && !this.overWebSocket
+      url: config.urls.reader && !this.transport.overWebSocket
         ? config.urls.reader.replace(config.subscriberPlaceholder, encodeURIComponent(this.clientId))
         : null,
       stillPaused: () => this.paused && this.state === "open",
@@ -133,16 +130,19 @@ class SessionPage {
       notify: (text, kind) => this.panel.notify(text, kind),
       onChange: () => this.renderPanel(),
     });
+    this.links = new EventLinks({ log: this.log, transcript: this.transcript, notify: (text, kind) => this.panel.notify(text, kind) });
+    this.json = new EventJsonDialog(dom.eventJson);
   }
 
   /** Load the snapshot, render it, open the stream from its cursor. Never throws. */
   async start() {
     this.bindControls();
+    this.bindViews();
     this.startTools();
     this.demo.setRunning(this.demo.running);
-    setText(this.dom.streamUrl, this.overWebSocket ? socketUrl(this.socketPath()) : this.config.urls.events);
+    setText(this.dom.streamUrl, this.transport.displayUrl);
     this.panel.addSharing();
-    this.panel.addTransport(this.overWebSocket);
+    this.panel.addTransport(this.transport.overWebSocket);
     this.snapshots.addEarlierButton(this.dom.transcript);
     // Join the other tabs before the snapshot, so no frame they share meanwhile is missed.
     this.openStream("", null, { start: false });
@@ -159,7 +159,53 @@ class SessionPage {
       this.panel.notify(`Could not load the snapshot (${error.message}); streaming live only.`, "error");
     }
     if (snapshot !== null) this.snapshots.rebuild(snapshot);
+    this.transcript.setLoaded();
+    if (snapshot !== null && snapshot.status === "closed") this.setDebugTools(false);
+    this.links.showFromUrl();
     this.openStream(snapshot !== null ? snapshotCursor(snapshot) : "", snapshot !== null ? snapshot.epoch : null);
+  }
+
+  /** The transcript's search, the `#e<id>` links, the JSON of frames and transcript blocks. */
+  bindViews() {
+    const { dom } = this;
+    new TranscriptSearch({
+      root: dom.transcript,
+      form: dom.searchForm,
+      input: dom.searchInput,
+      previous: dom.searchPrevious,
+      count: dom.searchCount,
+      follower: this.transcript.follower,
+    }).bind();
+    this.links.bind();
+    this.log.onOpen = (row, json) => {
+      const id = row.dataset.id;
+      const title = id !== undefined ? `Event #${id} · ${row.dataset.type}` : `${row.dataset.type} (synthetic frame)`;
+      this.json.show(title, json !== null ? json : this.fetchEvent(Number(id)));
+    };
+    dom.transcript.addEventListener("click", (event) => {
+      const button = event.target.closest("button.btn-json");
+      const block = button !== null ? button.closest(".msg, .tool, .marker") : null;
+      if (block === null) return;
+      const events = this.transcript.eventsOf(block);
+      const ids = block.querySelector(".msg-ids, .event-link");
+      this.json.show(`${events.length === 1 ? "Event" : `${events.length} events`} ${ids !== null ? ids.textContent : ""}`, events.length === 1 ? events[0] : events);
+    });
+  }
+
+  /** Event `id` as the server holds it (`GET /session/<id>?limit=1&before=<id + 1>`, raw). */
+  async fetchEvent(id) {
+    const snapshot = await this.loadSnapshot(`?limit=1&before=${id + 1}`);
+    const event = snapshot.events.find((entry) => isObject(entry) && entry.id === id);
+    if (event === undefined) throw new Error(`the server no longer holds event #${id}`);
+    return event;
+  }
+
+  /** The debug tools work while the session is live, and are off once it has ended. */
+  setDebugTools(enabled) {
+    this.debugTools = enabled;
+    this.dom.debugEnded.hidden = enabled;
+    this.publishConsole.setEnabled(enabled);
+    this.renderPanel();
   }
 
   /** `GET /session/<id>` (the newest events; `query` e.g. "?before=120" pages back). */
@@ -189,12 +235,11 @@ class SessionPage {
       this.reconnectBase += previous.reconnectCount + (previous.started ? 1 : 0);
       previous.close();
     }
-    const options = this.overWebSocket ? this.socketOptions() : this.sseOptions();
+    const options = this.transport.options();
     if (this.maxQueued !== undefined) options.maxQueued = this.maxQueued;
     const stream = new SharedStream({
-      // A WebSocket tab shares only with the WebSocket tabs of the session: each reads its transport.
-      key: this.overWebSocket ? `${this.config.sessionId}:ws` : this.config.sessionId,
-      StreamClass: this.overWebSocket ? WsSessionStream : undefined,
+      key: this.transport.shareKey,
+      StreamClass: this.transport.StreamClass,
       own,
       streamOptions: options,
       lastEventId,
@@ -214,43 +259,6 @@ class SessionPage {
     this.renderPanel();
   }
 
-  /** The SSE client's options (./sse.js). */
-  sseOptions() {
-    return {
-      url: this.config.urls.events,
-      // The same X-Client-Id on every attempt: operators (and the backpressure helper) find
-      // this page's subscriber by it. sse.js builds the Headers; they are only added to.
-      fetch: (input, init) => {
-        init.headers.set("X-Client-Id", this.clientId);
-        return fetch(input, init);
-      },
-      getToken: (reason) => this.tokens.get(reason === "unauthorized"),
-      onCallbackError: (error) => this.onStreamCallbackError(error),
-    };
-  }
-
-  /** The WebSocket client's options (./ws.js): the token is refreshed in band before it expires. */
-  socketOptions() {
-    return {
-      session: this.config.sessionId,
-      url: this.socketPath(),
-      getToken: (reason) => this.tokens.get(reason === "unauthorized" || reason === "refresh"),
-      refreshAfterMs: () => this.tokenRefreshAfterMs(),
-      onCallbackError: (error) => this.onStreamCallbackError(error),
-    };
-  }
-
-  /** Ms until the current token is half through its life (from when it arrived), or null. */
-  tokenRefreshAfterMs() {
-    const { expiresInS, issuedAtMs } = this.tokens;
-    if (!(expiresInS > 0)) return null;
-    return Math.max(0, issuedAtMs + expiresInS * TOKEN_REFRESH_AT * 1000 - Date.now());
-  }
-
-  socketPath() {
-    return this.config.urls.socket ?? "/ws";
-  }
-
   onStreamCallbackError(error) {
     console.error("session page:", error);
     this.panel.notify(`Page error: ${error}`, "error");
@@ -263,6 +271,7 @@ class SessionPage {
 
   setState(state, info = {}) {
     this.state = state;
+    if (state === "ended" && this.debugTools) this.setDebugTools(false);
     this.evictedWhilePaused = false; // the stream speaks again: its state is the truth
     this.readerWatch.resetMisses();
     // A response to a request that carried a cursor starts with replay (EB-7).
@@ -372,6 +381,8 @@ class SessionPage {
       timeMs: serverTime(envelope),
       source,
       note: describeEvent(envelope, size),
+      json: envelope,
+      size,
     });
   }
 
@@ -440,7 +451,7 @@ class SessionPage {
         note = clip(raw, 160); // unknown types are shown raw, never fatal (SC-12)
         break;
     }
-    this.log.add({ kind: "synthetic", type, timeMs, note, source: this.replaying ? "replay" : "" });
+    this.log.add({ kind: "synthetic", type, timeMs, note, source: this.replaying ? "replay" : "", json: envelope ?? raw, size: raw.length });
   }
 
   // -- controls --
@@ -501,7 +512,7 @@ class SessionPage {
       onSignal: (callback) => this.onSignal(callback),
     };
     const { dom } = this;
-    new PublishConsole({
+    this.publishConsole = new PublishConsole({
       dom: {
         form: dom.publishForm,
         type: dom.publishType,
@@ -513,7 +524,8 @@ class SessionPage {
       },
       urls: { token: urls.token, events: urls.publish, subscribers: urls.subscribers },
       page,
-    }).bind();
+    });
+    this.publishConsole.bind();
     const root = document.getElementById("subscribers");
     if (urls.subscribers && root !== null) {
       this.subscribers = new SubscribersTable({
@@ -580,7 +592,7 @@ class SessionPage {
         this.stream !== null &&
         !this.evictedWhilePaused &&
         Boolean(this.config.urls.reader) &&
-        !this.overWebSocket,
+        !this.transport.overWebSocket,
     );
   }
 
@@ -610,6 +622,8 @@ class SessionPage {
       framesReceived: this.framesReceived,
       duplicates: this.duplicates,
       demoRunning: this.demo.running,
+      debugTools: this.debugTools,
+      viewCursor: this.cursor,
     });
     this.updateReaderPoll();
   }
@@ -672,6 +686,12 @@ function collectDom() {
     provoke: byId("provoke"),
     provokeStop: byId("provoke-stop"),
     provokeStatus: byId("provoke-status"),
+    debugEnded: byId("debug-ended"),
+    searchForm: byId("transcript-search"),
+    searchInput: byId("transcript-query"),
+    searchPrevious: byId("search-previous"),
+    searchCount: byId("search-count"),
+    eventJson: byId("event-json"),
   };
 }
 

@@ -58,6 +58,11 @@ export function isCompacted(entry) {
   );
 }
 
+/** The length of an envelope's JSON (characters): whether the frame log keeps it. */
+function jsonSize(envelope) {
+  return JSON.stringify(envelope).length;
+}
+
 /**
  * The snapshot query for `params` (e.g. "before=120"): compacted unless the page was opened
  * with `?compact=0`; with `initial` (the first load) raw unless it was opened with
@@ -162,6 +167,8 @@ export class SnapshotSync {
           timeMs: serverTime(envelope),
           source: "snapshot",
           note: describeEvent(envelope, 0),
+          json: envelope,
+          size: jsonSize(envelope),
         });
       }
     }
@@ -182,6 +189,8 @@ export class SnapshotSync {
       timeMs: serverTime(envelope),
       source,
       note: `${envelope.count} events compacted · ${describeEvent({ ...envelope, type: envelope.event }, 0)}`,
+      json: envelope,
+      size: jsonSize(envelope),
     });
   }
 
@@ -194,6 +203,7 @@ export class SnapshotSync {
       type: String(envelope.type),
       source: "snapshot",
       note: envelope.type === "history_truncated" ? `events before #${data.earliestAvailableId} are gone` : "",
+      json: envelope,
     });
   }
 

@@ -10,8 +10,10 @@
  *   attempt (redrawn every 200 ms while one is scheduled, SC-11), reading or paused,
  *   maxQueued, frames and duplicates, the tab sharing line, and the last
  *   `slow_client_warning` / `client_evicted` / `state_resync_required` / `stream_error`;
- * - which controls are enabled (Drop while connecting or open; Pause, the demo agent and
- *   maxQueued until the session ended);
+ * - which controls are enabled (Drop while connecting or open; Pause and maxQueued until
+ *   the session ended; the demo agent while the debug tools are on);
+ * - the cursor only as an id that was issued (`cursorText`): never the position below an
+ *   epoch's first id that a restarted server resumes from (docs/protocol.md, snapshot);
  * - the banner (`#banner`: the session ended (204, EB-15), the stream stopped, the page
  *   cannot read the session) and the notices (`#notice`: they fade after 6 s, 12 s for an
  *   error, or stay until the stream reaches one of the states they were given);
@@ -74,7 +76,24 @@ export function othersAfterDetach(role, tabs) {
  * @property {number} framesReceived
  * @property {number} duplicates
  * @property {boolean} demoRunning
+ * @property {boolean} debugTools  The debug tools are on (off once the session has ended).
+ * @property {number|null} viewCursor  The highest event id the view applied, or null.
  */
+
+/**
+ * The connection panel's cursor: `{text, title}`. The stream's cursor (`lastEventId`, a
+ * string, "" when none) is shown only when it names an issued event: one the view applied
+ * (`viewCursor`, null when none of this epoch). A cursor with nothing applied is the position
+ * a new session (0) or a restarted server's new epoch (the id below its first,
+ * docs/protocol.md "snapshot") resumes from: "none yet", never an id that was not issued.
+ */
+export function cursorText(cursor, viewCursor) {
+  if (cursor === "") return { text: "—", title: "" };
+  if (viewCursor === null || viewCursor < 1) {
+    return { text: "none yet", title: `no event of this epoch yet: the stream resumes after position ${cursor}` };
+  }
+  return { text: cursor, title: "" };
+}
 
 export class StatusPanel {
   /** @param {object} dom  The page's elements (session_page.js `collectDom()`). */
@@ -200,8 +219,9 @@ export class StatusPanel {
   render(view) {
     const { stream, state, paused, evictedWhilePaused } = view;
     const { dom } = this;
-    const cursor = stream !== null ? stream.lastEventId : "";
-    setText(dom.cursor, cursor === "" ? "—" : cursor);
+    const cursor = cursorText(stream !== null ? stream.lastEventId : "", view.viewCursor ?? null);
+    setText(dom.cursor, cursor.text);
+    dom.cursor.title = cursor.title;
     const epoch = stream !== null ? stream.epoch : null;
     setText(dom.epoch, epoch === null ? "—" : clip(epoch, 10));
     dom.epoch.title = epoch ?? "";
@@ -226,7 +246,7 @@ export class StatusPanel {
     dom.pause.disabled = terminal;
     setText(dom.pause, paused ? "Resume reading" : "Pause reading");
     dom.pause.setAttribute("aria-pressed", String(paused));
-    dom.demo.disabled = terminal || view.demoRunning;
+    dom.demo.disabled = terminal || view.demoRunning || view.debugTools === false;
     for (const control of dom.maxQueuedForm.elements) control.disabled = terminal;
     this.renderSharing(stream);
   }

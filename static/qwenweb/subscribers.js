@@ -105,6 +105,13 @@ export function csrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
+/** The table's columns: `[label, class]`; each cell carries its label (`data-label`) for
+ * the stacked rows of narrow screens (session_page.css). */
+const COLUMNS = [
+  ["Subscriber", ""], ["Process", ""], ["User", ""], ["Client id", ""], ["Address", ""],
+  ["Since", ""], ["Last id", "num"], ["Lag", "num"], ["Queue", "num"], ["Rate", "num"], ["Action", "hidden-label"],
+];
+
 function cell(text, className) {
   const td = document.createElement("td");
   if (className) td.className = className;
@@ -156,10 +163,7 @@ export class SubscribersTable {
     table.className = "table subs-table";
     const head = document.createElement("thead");
     const headRow = document.createElement("tr");
-    for (const [label, cls] of [
-      ["Subscriber", ""], ["Process", ""], ["User", ""], ["Client id", ""], ["Address", ""],
-      ["Since", ""], ["Last id", "num"], ["Lag", "num"], ["Queue", "num"], ["Rate", "num"], ["Action", "hidden-label"],
-    ]) {
+    for (const [label, cls] of COLUMNS) {
       const th = document.createElement("th");
       if (cls === "hidden-label") {
         // The buttons' column: named for screen readers (axe empty-table-header), not shown.
@@ -297,6 +301,9 @@ export class SubscribersTable {
       cell(formatRate(row.bytesPerSecond), "num mono"),
       action,
     );
+    tr.childNodes.forEach((td, index) => {
+      if (index < COLUMNS.length) td.dataset.label = COLUMNS[index][0];
+    });
     return tr;
   }
 
