@@ -94,10 +94,12 @@ def test_page_reads_the_gzipped_stream(page: Page, server: ServerProcess) -> Non
     assert encoding == "gzip"
 
 
-_FRESH_TEXT = """() => [...document.querySelectorAll("#transcript > *")]
-    .filter(n => !n.classList.contains("stale") && !n.matches(".marker-lost, .marker-truncated"))
+_FRESH_TEXT = """() => [...document.querySelectorAll("#transcript > *, #transcript > .turn > *")]
+    .filter(n => !n.matches(".turn, .turn-head, .stale, .marker-lost, .marker-truncated"))
     .map(n => n.innerText)"""
-"""The transcript's entries that are not greyed and not a lost/truncated marker."""
+"""The transcript's entries (inside its turns or between them) that are not greyed and not a
+lost/truncated marker; the turns' headings are left out (a turn cut by the lost span is
+headed by where each view saw it start)."""
 
 
 def test_a_resync_continues_from_the_compacted_snapshot_as_a_raw_load_draws_it(
