@@ -31,6 +31,7 @@ import redis.asyncio.sentinel as async_sentinel
 import redis.cluster as sync_cluster
 import redis.sentinel as sync_sentinel
 from redis import exceptions as redis_errors
+from redis._parsers import AsyncCommandsParser
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
@@ -188,11 +189,36 @@ _CLOSED_UNDER_COMMAND: Final = re.compile(
 _CLOSED_UNDER_COMMAND_TRIES: Final = 3
 
 
+class _KeptCommandTable(AsyncCommandsParser):
+    """The cluster client's command table (which arguments are keys), loaded once.
+
+    redis-py 8.1 reloads it with ``COMMAND`` on the *default node* at every slot-map
+    refresh. That node is the first primary of its cache, which can be a primary that
+    just died: while its slots wait for a replica's promotion, a refresh (after any
+    pipeline or ``CLUSTERDOWN`` error, both of which skip redis-py's "failed node last"
+    reordering) then raises ``Error 111 connecting to <dead node>`` for every command,
+    on every primary, and closes every pooled connection on the way out (issue 29: 503s
+    on sessions of healthy primaries). A running cluster's command table does not change
+    with its topology, so a refresh keeps it; an unknown command still reloads it
+    (redis-py's own fallback)."""
+
+    async def initialize(self, node: Any = None) -> None:
+        if node is not None and self.commands:
+            self.node = node  # (a refresh: keep the table)
+            return
+        await super().initialize(node)
+
+
 class _RetryingCluster(redis_async_cluster.RedisCluster):
-    """A cluster client that sends a command again when redis-py 8.1 closed its
-    connection under it during a slot-map refresh (:data:`_CLOSED_UNDER_COMMAND`): seen
-    as HTTP 500s on sessions of *healthy* primaries while another one failed over. The
-    command was not written, so sending it again cannot run it twice."""
+    """A cluster client that keeps its command table over slot-map refreshes
+    (:class:`_KeptCommandTable`) and sends a command again when redis-py 8.1 closed its
+    connection under it during a refresh (:data:`_CLOSED_UNDER_COMMAND`): seen as HTTP
+    500s on sessions of *healthy* primaries while another one failed over. The command
+    was not written, so sending it again cannot run it twice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands_parser = _KeptCommandTable()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         for attempt in range(1, _CLOSED_UNDER_COMMAND_TRIES + 1):
