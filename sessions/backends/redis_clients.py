@@ -45,6 +45,7 @@ __all__ = [
     "async_cluster",
     "async_node_client",
     "async_pool",
+    "cluster_script_once",
     "is_unavailable",
     "ping_primaries",
     "sync_client",
@@ -250,6 +251,52 @@ def async_cluster(
         socket_timeout=socket_timeout_s,
         **target._cluster_kwargs(),
     )
+
+
+#: How often :func:`cluster_script_once` sends a script again when nothing was written.
+_NOT_SENT_TRIES: Final = 10
+#: Cluster errors that mean the command did not run: no connection could be opened (redis-py
+#: says "connecting to"), the cluster refused it, or no node serves the slot now.
+_NOT_RUN_ERRORS: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+)
+
+
+async def cluster_script_once(
+    client: redis_async_cluster.RedisCluster, script: Any, keys: list[str], args: list[Any]
+) -> Any:
+    """Run ``script`` (a registered script) on the primary of ``keys[0]``'s slot, at most
+    once: a non-idempotent write such as a publish without Idempotency-Key.
+
+    redis-py's cluster client resends a command after a ``ConnectionError`` or a
+    ``TimeoutError`` (10 times by default), also when it was written and may have run
+    before the primary died: a publish could run twice (on a replica that had it, once
+    promoted). Here it is sent with its node named (redis-py then resends nothing) and
+    sent again only when it cannot have run (:data:`_NOT_RUN_ERRORS`, a connect that
+    failed; a connection closed under it is resent by :class:`_RetryingCluster`), at
+    most :data:`_NOT_SENT_TRIES` times with a short growing pause (a failover takes
+    seconds). ``NOSCRIPT`` loads the script on that node only (a promoted replica has
+    none of the old primary's scripts). Raises what the last attempt raised: a lost
+    reply (``TimeoutError``, a connection lost after the write) at once.
+    """
+    for attempt in range(1, _NOT_SENT_TRIES + 1):
+        try:
+            await client.initialize()  # (a slot map to re-read after a failed node)
+            node = client.get_node_from_key(keys[0])
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return await client.execute_command(*evalsha, target_nodes=node)
+            except redis_errors.NoScriptError:
+                await client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+                return await client.execute_command(*evalsha, target_nodes=node)
+        except _NOT_RUN_ERRORS as exc:
+            not_run = not isinstance(exc, redis_errors.ConnectionError) or "connecting" in str(exc)
+            if attempt == _NOT_SENT_TRIES or not not_run:
+                raise
+        await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # (the loop returns or raises)
 
 
 async def ping_primaries(client: redis_async_cluster.RedisCluster) -> None:
