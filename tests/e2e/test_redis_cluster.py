@@ -103,6 +103,7 @@ def _one_session_per_primary(cluster: RedisCluster, base_url: str) -> list[Remot
             chosen[port] = session
         if len(chosen) == 3:
             first = cluster.primary_port_of("{06S}")  # a key of slot 0
+            assert first in chosen, "slot 0 has no primary"
             return sorted(chosen.values(), key=lambda s: chosen[first] is not s)
     raise AssertionError(f"60 sessions landed on {len(chosen)} primaries only")
 
