@@ -31,6 +31,7 @@ import redis.asyncio.sentinel as async_sentinel
 import redis.cluster as sync_cluster
 import redis.sentinel as sync_sentinel
 from redis import exceptions as redis_errors
+from redis._parsers import AsyncCommandsParser
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
@@ -44,6 +45,7 @@ __all__ = [
     "async_cluster",
     "async_node_client",
     "async_pool",
+    "cluster_script_once",
     "is_unavailable",
     "ping_primaries",
     "sync_client",
@@ -188,11 +190,36 @@ _CLOSED_UNDER_COMMAND: Final = re.compile(
 _CLOSED_UNDER_COMMAND_TRIES: Final = 3
 
 
+class _KeptCommandTable(AsyncCommandsParser):
+    """The cluster client's command table (which arguments are keys), loaded once.
+
+    redis-py 8.1 reloads it with ``COMMAND`` on the *default node* at every slot-map
+    refresh. That node is the first primary of its cache, which can be a primary that
+    just died: while its slots wait for a replica's promotion, a refresh (after any
+    pipeline or ``CLUSTERDOWN`` error, both of which skip redis-py's "failed node last"
+    reordering) then raises ``Error 111 connecting to <dead node>`` for every command,
+    on every primary, and closes every pooled connection on the way out (issue 29: 503s
+    on sessions of healthy primaries). A running cluster's command table does not change
+    with its topology, so a refresh keeps it; an unknown command still reloads it
+    (redis-py's own fallback)."""
+
+    async def initialize(self, node: Any = None) -> None:
+        if node is not None and self.commands:
+            self.node = node  # (a refresh: keep the table)
+            return
+        await super().initialize(node)
+
+
 class _RetryingCluster(redis_async_cluster.RedisCluster):
-    """A cluster client that sends a command again when redis-py 8.1 closed its
-    connection under it during a slot-map refresh (:data:`_CLOSED_UNDER_COMMAND`): seen
-    as HTTP 500s on sessions of *healthy* primaries while another one failed over. The
-    command was not written, so sending it again cannot run it twice."""
+    """A cluster client that keeps its command table over slot-map refreshes
+    (:class:`_KeptCommandTable`) and sends a command again when redis-py 8.1 closed its
+    connection under it during a refresh (:data:`_CLOSED_UNDER_COMMAND`): seen as HTTP
+    500s on sessions of *healthy* primaries while another one failed over. The command
+    was not written, so sending it again cannot run it twice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands_parser = _KeptCommandTable()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         for attempt in range(1, _CLOSED_UNDER_COMMAND_TRIES + 1):
@@ -224,6 +251,52 @@ def async_cluster(
         socket_timeout=socket_timeout_s,
         **target._cluster_kwargs(),
     )
+
+
+#: How often :func:`cluster_script_once` sends a script again when nothing was written.
+_NOT_SENT_TRIES: Final = 10
+#: Cluster errors that mean the command did not run: no connection could be opened (redis-py
+#: says "connecting to"), the cluster refused it, or no node serves the slot now.
+_NOT_RUN_ERRORS: Final = (
+    redis_errors.ConnectionError,
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
+)
+
+
+async def cluster_script_once(
+    client: redis_async_cluster.RedisCluster, script: Any, keys: list[str], args: list[Any]
+) -> Any:
+    """Run ``script`` (a registered script) on the primary of ``keys[0]``'s slot, at most
+    once: a non-idempotent write such as a publish without Idempotency-Key.
+
+    redis-py's cluster client resends a command after a ``ConnectionError`` or a
+    ``TimeoutError`` (10 times by default), also when it was written and may have run
+    before the primary died: a publish could run twice (on a replica that had it, once
+    promoted). Here it is sent with its node named (redis-py then resends nothing) and
+    sent again only when it cannot have run (:data:`_NOT_RUN_ERRORS`, a connect that
+    failed; a connection closed under it is resent by :class:`_RetryingCluster`), at
+    most :data:`_NOT_SENT_TRIES` times with a short growing pause (a failover takes
+    seconds). ``NOSCRIPT`` loads the script on that node only (a promoted replica has
+    none of the old primary's scripts). Raises what the last attempt raised: a lost
+    reply (``TimeoutError``, a connection lost after the write) at once.
+    """
+    for attempt in range(1, _NOT_SENT_TRIES + 1):
+        try:
+            await client.initialize()  # (a slot map to re-read after a failed node)
+            node = client.get_node_from_key(keys[0])
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return await client.execute_command(*evalsha, target_nodes=node)
+            except redis_errors.NoScriptError:
+                await client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+                return await client.execute_command(*evalsha, target_nodes=node)
+        except _NOT_RUN_ERRORS as exc:
+            not_run = not isinstance(exc, redis_errors.ConnectionError) or "connecting" in str(exc)
+            if attempt == _NOT_SENT_TRIES or not not_run:
+                raise
+        await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # (the loop returns or raises)
 
 
 async def ping_primaries(client: redis_async_cluster.RedisCluster) -> None:

@@ -62,6 +62,7 @@ from sessions.backends.redis_clients import (
     async_cluster,
     async_node_client,
     async_pool,
+    cluster_script_once,
     is_unavailable,
     unavailable_as_error,
 )
@@ -402,6 +403,8 @@ class RedisStore:
                 if self.wait[0]:
                     script = self._publish_script
                     reply = await publish_replicated(self.client, script, keys, args, *self.wait)
+                elif self.is_cluster:  # at most once (redis-py's resends are not)
+                    reply = await cluster_script_once(self.client, self._publish_script, keys, args)
                 else:
                     reply = await self._publish_script(keys=keys, args=args)
         except OutcomeUnknownError:

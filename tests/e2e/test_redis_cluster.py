@@ -92,7 +92,9 @@ def _stream_key(session: RemoteSession) -> str:
 
 
 def _one_session_per_primary(cluster: RedisCluster, base_url: str) -> list[RemoteSession]:
-    """Create sessions until each of the three primaries serves one (bounded)."""
+    """Create sessions until each of the three primaries serves one (bounded); the first
+    is on the primary of slot 0: the cluster clients' *default node* (the first primary of
+    ``CLUSTER SLOTS``), whose loss broke commands to the other primaries (issue 29)."""
     chosen: dict[int, RemoteSession] = {}
     for _ in range(60):
         session = RemoteSession.create(base_url)
@@ -100,7 +102,9 @@ def _one_session_per_primary(cluster: RedisCluster, base_url: str) -> list[Remot
         if port is not None and port not in chosen:
             chosen[port] = session
         if len(chosen) == 3:
-            return list(chosen.values())
+            first = cluster.primary_port_of("{06S}")  # a key of slot 0
+            assert first in chosen, "slot 0 has no primary"
+            return sorted(chosen.values(), key=lambda s: chosen[first] is not s)
     raise AssertionError(f"60 sessions landed on {len(chosen)} primaries only")
 
 
