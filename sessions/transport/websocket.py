@@ -40,7 +40,7 @@ from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import ASGISendEvent as Message
 from asgiref.typing import WebSocketScope as Scope
 
-from sessions.auth import authenticate, check_access
+from sessions.auth import AUTHENTICATION_REQUIRED, authenticate, check_access
 from sessions.backends import get_backend
 from sessions.backends.base import Backend, SessionClosedError
 from sessions.bus import synthetic_frame
@@ -520,7 +520,10 @@ def _refusal(exc: BaseException, command: Command, session: str, announce: Hooks
         extra = dict(exc.extra)
         if exc.status == 503:
             extra["retryAfterMs"] = (exc.retry_after_s or RETRY_AFTER_S) * 1000
-        return CommandError(exc.code, exc.message, ref=ref, session=session, **extra)
+        message = exc.message
+        if message == AUTHENTICATION_REQUIRED:  # the HTTP wording names a header
+            message = "authentication required: send a read token in the subscribe's token"
+        return CommandError(exc.code, message, ref=ref, session=session, **extra)
     if isinstance(exc, SessionClosedError):
         return CommandError("session_closed", "the session is closed", ref=ref, session=session)
     if isinstance(exc, SubscriberLimitError):

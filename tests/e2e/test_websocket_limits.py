@@ -173,6 +173,8 @@ async def test_the_login_cookie_counts_only_from_the_sites_own_origin(
     assert own.replies[1]["ok"]
     assert foreign.replies[1]["error"]["code"] == "unauthorized"
     assert none.replies[1]["error"]["code"] == "unauthorized"
+    # On a socket the token travels in the subscribe, not in an Authorization header.
+    assert "subscribe's token" in none.replies[1]["error"]["error"]
     for client in (own, foreign, none):
         await client.close()
 
