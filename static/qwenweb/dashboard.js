@@ -362,10 +362,12 @@ class Dashboard {
       drawSpark(row.querySelector('[data-field="spark"]'), rates, this.sparkMs, t1, this.gapMs);
       const last = rates.length ? rates[rates.length - 1][1] : NaN;
       row.querySelector('[data-field="rate"]').textContent = formatRate(last);
+      row.dataset.active = String(session.subscribers > 0 || last > 0);
     }
     for (const [id, row] of this.rows) {
       if (!this.live.has(id) && row.dataset.live === "true") {
         row.dataset.live = "false";
+        row.dataset.active = "false";
         this.setCell(row, "subscribers", "0");
         this.setCell(row, "maxLag", "–");
         this.setLevel(row.querySelector('[data-field="maxLag"]'), 0, this.thresholds.lag);
@@ -403,7 +405,7 @@ class Dashboard {
   sessionOf(id, row) {
     const meta = this.meta.get(id) || { id, title: "", owner: "", createdAt: 0 };
     const status = row.querySelector('[data-field="status"]').textContent.trim();
-    return { ...meta, status, live: row.dataset.live === "true" };
+    return { ...meta, status, live: row.dataset.live === "true", active: row.dataset.active === "true" };
   }
 
   /** Order the rows (live first), then show those the filter and the search keep. Moves a

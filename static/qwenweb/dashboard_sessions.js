@@ -1,9 +1,10 @@
 // qwenweb — the order, filter and search of the dashboard's sessions (./dashboard.js).
 //
 // A session here is `{id, title, owner, status ("open" | "closed"), live (loaded in a
-// server process now), createdAt (ms)}`. Live sessions come first, then open ones that are
-// not loaded (idle, unloaded), then closed ones; newest first within each, so a row moves
-// only when its state changes. Tested under Node (tests/js/dashboard_sessions.test.mjs).
+// server process now), active (subscribers or events in the newest sample), createdAt (ms)}`.
+// Live sessions come first (the active ones before those merely loaded), then open ones
+// that are not loaded (idle, unloaded), then closed ones; newest first within each, so a
+// row moves only when its state changes. Tested under Node (tests/js/dashboard_sessions.test.mjs).
 
 /** 0: live (loaded and open), 1: open but not loaded, 2: closed. */
 export function sessionRank(session) {
@@ -11,9 +12,14 @@ export function sessionRank(session) {
   return session.live ? 0 : 1;
 }
 
-/** Sort comparator: rank, then newest first, then id (a total order). */
+/** Sort comparator: rank, then active before merely loaded, then newest first, then id (a total order). */
 export function compareSessions(a, b) {
-  return sessionRank(a) - sessionRank(b) || (b.createdAt || 0) - (a.createdAt || 0) || String(a.id).localeCompare(String(b.id));
+  return (
+    sessionRank(a) - sessionRank(b) ||
+    Number(Boolean(b.active)) - Number(Boolean(a.active)) ||
+    (b.createdAt || 0) - (a.createdAt || 0) ||
+    String(a.id).localeCompare(String(b.id))
+  );
 }
 
 /** Whether `session` is shown under the filter `which` ("live", "closed" or "all"). */

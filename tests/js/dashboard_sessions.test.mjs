@@ -17,6 +17,15 @@ test("live sessions come first, then open ones not loaded, then closed ones", ()
   assert.deepEqual(sessions.sort(compareSessions).map((s) => s.id), ["live-new", "live-old", "unloaded", "closed-new", "closed-loaded"]);
 });
 
+test("among live sessions the active ones come first: many loaded, idle sessions do not bury the busy one", () => {
+  const idle = Array.from({ length: 5 }, (_, n) => session(`idle-${n}`, "open", true, 10 + n, { active: false }));
+  const sessions = [...idle, session("busy", "open", true, 1, { active: true }), session("unloaded", "open", false, 20)];
+  const order = sessions.sort(compareSessions).map((s) => s.id);
+  assert.equal(order[0], "busy");
+  assert.deepEqual(order.slice(1, 6), ["idle-4", "idle-3", "idle-2", "idle-1", "idle-0"]);
+  assert.equal(order[6], "unloaded");
+});
+
 test("the filter keeps live, closed or all sessions", () => {
   const sessions = [session("a", "open", true, 1), session("b", "open", false, 2), session("c", "closed", false, 3)];
   assert.deepEqual(sessions.filter((s) => matchesFilter(s, "live")).map((s) => s.id), ["a"]);
