@@ -43,23 +43,26 @@ HASHED = re.compile(r"\.[0-9a-f]{12}\.(?:js|css)$")
 def production_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     directory = tmp_path_factory.mktemp("production")
     database = staffed_database(directory)
-    return server_env(
+    env = server_env(
         database,
         DJANGO_DEBUG="0",
         # The test process's key, so that the tokens it issues are valid there.
         DJANGO_SECRET_KEY=settings.SECRET_KEY,
         DJANGO_STATIC_ROOT=str(directory / "static"),
     )
+    # Every test here serves with DEBUG off, which needs collectstatic's manifest (a 404
+    # page without it is a 500), whichever test runs first or alone.
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
+        cwd=REPO, env=env, check=True, timeout=120,
+    )  # fmt: skip
+    return env
 
 
 @pytest.fixture(scope="module")
 def production_server(
     production_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
-        cwd=REPO, env=production_env, check=True, timeout=120,
-    )  # fmt: skip
     port = free_port()
     log = tmp_path_factory.mktemp("logs") / "serve-production.log"
     server = ServerProcess(serve_argv(port), port, production_env, log).start()
@@ -131,9 +134,10 @@ def test_daphne_says_it_serves_no_static_file(
 ) -> None:
     port = free_port()
     log = tmp_path / "daphne.log"
-    server = ServerProcess(
-        serve_argv(port, "--server", "daphne"), port, production_env, log
-    ).start()
+    # An event log of its own: the module's granian server may hold the database's (one
+    # process per log; a second server on it is refused at start).
+    env = {**production_env, "QWENWEB_EVENT_LOG_PATH": str(tmp_path / "events.sqlite3")}
+    server = ServerProcess(serve_argv(port, "--server", "daphne"), port, env, log).start()
     try:
         assert "daphne serves no static file with DEBUG off" in server.log()
         status, _, _ = fetch(f"{server.base_url}/static/qwenweb/sse.js")
