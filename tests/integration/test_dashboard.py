@@ -190,7 +190,9 @@ async def test_feed_publishes_warnings_and_evictions_with_their_data(
     stream = await stream_of(sid, query="maxQueued=16")
     await burst(sid, 40)
     await stream.read_to_end()
-    await operator_stream.read_until(has_activity("client_evicted", session=sid))
+    # subscriber_left follows the eviction once the stream has ended: wait for it too (it
+    # came after client_evicted's read under the Redis backend).
+    await operator_stream.read_until(has_activity("subscriber_left", session=sid))
     kinds = [i["kind"] for i in activity(operator_stream) if i["session"] == sid]
     assert kinds[-3:] == ["slow_client_warning", "client_evicted", "subscriber_left"]
     evicted = next(i for i in activity(operator_stream) if i["kind"] == "client_evicted")
