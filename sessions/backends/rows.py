@@ -68,7 +68,9 @@ def process_holder() -> str:
 
 def holder_alive(holder: str) -> bool:
     """Whether the process ``holder`` names may still run: on this host, whether its pid
-    is alive; on another host, True (its hold's expiry decides). Never raises."""
+    exists and is not a zombie (a killed server whose parent died is reparented, and a
+    container's pid 1 may never reap it: its pid stays, its process is gone); on another
+    host, True (its hold's expiry decides). Never raises."""
     host, _, rest = holder.partition(":")
     pid_text = rest.partition(":")[0]
     if host != socket.gethostname() or not pid_text.isdigit():
@@ -79,7 +81,18 @@ def holder_alive(holder: str) -> bool:
         return False
     except OSError:  # (EPERM: it exists)
         return True
-    return True
+    return not _zombie(int(pid_text))
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended and waits to be reaped (state ``Z`` or ``X`` in
+    ``/proc/<pid>/stat``); False where that cannot be read (then it may run)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
 
 
 def load_and_reserve(
