@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from sessions.api_client import ApiCallError, EventStreamClient, StreamEnd, _RetryNow
+from sessions.api_client import EventStreamClient, StreamEnd, _RetryNow
 from sessions.wire import ServerSentEvent
 
 __all__ = ["SUBPROTOCOL", "WebSocketStreamClient", "socket_url"]
@@ -169,13 +169,12 @@ class WebSocketStreamClient(EventStreamClient):
             return
         error = _error_of(reply)
         code = str(error.get("code", ""))
-        body = json.dumps(error).encode()
         if code == "session_closed":
             raise StreamEnd("session ended (session_closed)", 0)
         if code in _UNAUTHORIZED:
             if self._renew_token(code):
                 raise _RetryNow
-            raise StreamEnd(str(ApiCallError(401, body)), 2)
+            raise StreamEnd(f"subscribe refused: {code}: {error.get('error', '')}", 2)
         if code in _STOP or code.startswith("invalid_"):
             raise StreamEnd(f"refused: {code}: {error.get('error', '')}", 1)
         retry_after = error.get("retryAfterMs")

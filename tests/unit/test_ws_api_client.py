@@ -101,9 +101,12 @@ def test_unauthorized_takes_a_fresh_token_at_once_and_a_second_stops_with_2(peer
         reply(connection, message, ok=False, error={"code": "unauthorized", "error": "bad token"})
 
     scripts.extend([refuse, refuse])
-    client, _ = make_client(server, refresh_token=lambda: "fresh")
+    statuses: list[str] = []
+    client, _ = make_client(server, refresh_token=lambda: "fresh", on_status=statuses.append)
     assert client.run() == 2
     assert [m["token"] for m in seen] == ["tok", "fresh"]
+    # The socket's own words, not an HTTP status the WebSocket never answered.
+    assert statuses[-1] == "subscribe refused: unauthorized: bad token", statuses
 
 
 def test_not_found_stops_with_1(peer):
