@@ -2,7 +2,7 @@
  * reconnect.js — what the session page's stream clients share: the SSE client (./sse.js),
  * the WebSocket subscription (./ws.js) and the socket it rides (./ws_socket.js).
  *
- * - `STATES`, the stream states both clients go through;
+ * - `STATES`, the stream states both clients go through, and `RECONNECT_DEFAULTS`;
  * - the cursor and `maxQueued` checks of their options (SC-9, EB-14, EB-17);
  * - `ReconnectTimer`: the one pending reconnect, with the reconnection time in force and the
  *   failures counted since the last open, its delay from `computeReconnectDelayMs`
@@ -22,6 +22,13 @@ import { computeReconnectDelayMs } from "./sse_backoff.js";
  * @type {ReadonlyArray<string>}
  */
 export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting", "stopped", "ended"]);
+
+/**
+ * The reconnect's defaults, ms (SC-11): the reconnection time before the server sends one
+ * (`initialRetryMs`), the cap of the exponential backoff (`capMs`) and the least base it
+ * grows from (`floorMs`). The clients' options of the same names override them.
+ */
+export const RECONNECT_DEFAULTS = Object.freeze({ initialRetryMs: 3000, capMs: 30000, floorMs: 1000 });
 
 /**
  * Frames that end the subscription they arrive on (SC-12, EB-5, EB-16, EB-19).

@@ -41,6 +41,7 @@ import {
   checkCursor,
   checkMaxQueued,
   isCursor,
+  RECONNECT_DEFAULTS,
   ReconnectTimer,
   RejectedTokens,
   STATES,
@@ -118,9 +119,9 @@ export class WsSessionStream {
     this._setTimer = (fn, ms) => (options.setTimeout ?? globalThis.setTimeout)(fn, ms);
     this._clearTimer = (handle) => (options.clearTimeout ?? globalThis.clearTimeout)(handle);
     this._reconnect = new ReconnectTimer({
-      retryMs: options.initialRetryMs ?? 3000,
-      capMs: options.capMs ?? 30000,
-      floorMs: options.floorMs ?? 1000,
+      retryMs: options.initialRetryMs ?? RECONNECT_DEFAULTS.initialRetryMs,
+      capMs: options.capMs ?? RECONNECT_DEFAULTS.capMs,
+      floorMs: options.floorMs ?? RECONNECT_DEFAULTS.floorMs,
       random: options.random ?? Math.random,
       setTimer: this._setTimer,
       clearTimer: this._clearTimer,

@@ -26,7 +26,7 @@
  * Concurrency: everything runs on the caller's event loop; a stale socket's callbacks are
  * recognised (`this._ws !== ws`) and ignored.
  */
-import { callSafely, ReconnectTimer } from "./reconnect.js";
+import { callSafely, RECONNECT_DEFAULTS, ReconnectTimer } from "./reconnect.js";
 
 /** The subprotocol the client asks for; the server answers with it or refuses. */
 export const SUBPROTOCOL = "qwenweb.v1";
@@ -85,9 +85,9 @@ export class SessionSocket {
     const {
       url,
       WebSocket: WS = globalThis.WebSocket,
-      initialRetryMs = 3000,
-      capMs = 30000,
-      floorMs = 1000,
+      initialRetryMs = RECONNECT_DEFAULTS.initialRetryMs,
+      capMs = RECONNECT_DEFAULTS.capMs,
+      floorMs = RECONNECT_DEFAULTS.floorMs,
       pingIntervalMs = 15000,
       pongTimeoutMs = 10000,
       onStateChange,
