@@ -130,3 +130,24 @@ export async function acceptAndSubscribe(h, count, epoch = "E1", total = count) 
   for (const message of ws.ops("subscribe").slice(-count)) ws.reply(message, { ok: true, epoch, lastEventId: 0 });
   return ws;
 }
+
+/**
+ * A harness (`shared`: one socket for all its streams) with one stream on session "s1"
+ * (`make`'s other options), started and subscribed: `{h, a, ws}`.
+ */
+export async function openStream({ shared = true, ...options } = {}) {
+  const h = harness({ shared });
+  const a = h.make("s1", options);
+  a.stream.start();
+  const ws = await acceptAndSubscribe(h, 1);
+  return { h, a, ws };
+}
+
+/** Accept the newest socket, wait for its first subscribe and refuse it with `error`. */
+export async function refuseFirstSubscribe(h, error) {
+  const ws = h.net.last();
+  ws.accept();
+  await until(() => ws.ops("subscribe").length === 1, "subscribe");
+  ws.reply(ws.ops("subscribe")[0], { ok: false, error });
+  return ws;
+}
