@@ -6,7 +6,6 @@ resumes the same way (issue 27; docs/protocol.md, "The WebSocket transport").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,32 +14,13 @@ from tests.support.manage import manage, manage_process
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
-    free_port,
     request_json,
-    serve_argv,
-    server_env,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(150),  # a server start and two manage.py processes, on a loaded machine
 ]
-
-
-@pytest.fixture(scope="module")
-def serve_server(
-    e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """The production entry point (``python -m qwenweb.serve``), heartbeat 1 s."""
-    port = free_port()
-    server = ServerProcess(
-        serve_argv(port),
-        port,
-        server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1"),
-        tmp_path_factory.mktemp("logs") / "serve.log",
-    ).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["serve", "daphne"])

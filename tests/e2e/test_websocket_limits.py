@@ -16,9 +16,9 @@ from tests.support.manage import manage_output, owned_session
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
-    free_port,
     serve_argv,
     server_env,
+    started_server,
 )
 from tests.support.staff import StaffClient
 from tests.support.wsclient import WsClient, ids, types
@@ -32,22 +32,17 @@ WAIT_S = 30.0
 def server(
     staff_database: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    port = free_port()
-    started = ServerProcess(
-        serve_argv(port),
-        port,
-        server_env(
-            staff_database,
-            QWENWEB_WS_MAX_SUBSCRIPTIONS="2",
-            QWENWEB_WS_COMMAND_BURST="20",
-            QWENWEB_WS_COMMAND_RATE_PER_S="0.01",
-            QWENWEB_WS_MAX_MESSAGE_BYTES="1024",
-            QWENWEB_WS_MAX_SOCKETS_PER_USER="2",
-        ),
-        tmp_path_factory.mktemp("ws-limits") / "serve.log",
-    ).start()
-    yield started
-    started.stop()
+    env = server_env(
+        staff_database,
+        QWENWEB_WS_MAX_SUBSCRIPTIONS="2",
+        QWENWEB_WS_COMMAND_BURST="20",
+        QWENWEB_WS_COMMAND_RATE_PER_S="0.01",
+        QWENWEB_WS_MAX_MESSAGE_BYTES="1024",
+        QWENWEB_WS_MAX_SOCKETS_PER_USER="2",
+    )
+    log = tmp_path_factory.mktemp("ws-limits") / "serve.log"
+    with started_server(serve_argv, env, log) as server:
+        yield server
 
 
 def _ws(server: ServerProcess, **headers: str) -> WsClient:
