@@ -49,6 +49,18 @@ def _ws(server: ServerProcess, **headers: str) -> WsClient:
     return WsClient(f"ws://127.0.0.1:{server.port}/ws", headers=headers)
 
 
+async def _subscribed_owner(
+    server: ServerProcess, database: Path
+) -> tuple[WsClient, str, dict[str, str]]:
+    """A new user's session (``owned_session``) and a socket subscribed to it with its read
+    token (ref 1, answered): ``(client, session id, tokens)``."""
+    _name, sid, tokens = owned_session(database)
+    client = await _ws(server).connect()
+    await client.subscribe(1, sid, tokens["read"])
+    await client.reply(1)
+    return client, sid, tokens
+
+
 @pytest.mark.asyncio
 async def test_bad_messages_are_refused_with_codes_and_the_socket_stays_usable(
     server: ServerProcess,
@@ -167,10 +179,7 @@ async def test_a_handshake_without_the_subprotocol_is_refused(server: ServerProc
 async def test_revoking_the_token_ends_the_subscription_like_an_sse_stream(
     server: ServerProcess, staff_database: Path
 ) -> None:
-    _name, sid, tokens = owned_session(staff_database)
-    client = await _ws(server).connect()
-    await client.subscribe(1, sid, tokens["read"])
-    await client.reply(1)
+    client, sid, tokens = await _subscribed_owner(server, staff_database)
     manage_output(staff_database, "revoke_tokens", "--session", sid)
     await client.read_until(lambda c: "stream_error" in types(c.frames[sid]), WAIT_S)
     assert client.frames[sid][-1]["data"]["code"] == "token_revoked"
@@ -183,10 +192,7 @@ async def test_revoking_the_token_ends_the_subscription_like_an_sse_stream(
 async def test_refresh_swaps_the_token_without_a_gap(
     server: ServerProcess, staff_database: Path
 ) -> None:
-    _name, sid, tokens = owned_session(staff_database)
-    client = await _ws(server).connect()
-    await client.subscribe(1, sid, tokens["read"])
-    await client.reply(1)
+    client, sid, tokens = await _subscribed_owner(server, staff_database)
     other = RemoteSession.create(server.base_url)
     await client.send({"op": "refresh", "ref": 2, "session": sid, "token": other.read_token})
     assert (await client.reply(2))["error"]["code"] == "forbidden"
