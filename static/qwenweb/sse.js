@@ -4,10 +4,11 @@
  * The session page cannot use `EventSource` (it must send `Authorization: Bearer …`), so it
  * reads `GET /session/<id>/events` with `fetch()` and does by hand what `EventSource` would
  * do; the bytes go through the hand-written parser of ./sse_parser.js (SC-1..SC-8), the
- * request's headers and the bodies it does not read are ./sse_request.js's. This module and
- * those it imports have no DOM dependency: they run unchanged in the browser and under Node
- * 20 (`node --test tests/js/`). Rules cited as `SC-n` and `EB-n` are in `docs/protocol.md`
- * (its rule index).
+ * request's headers and the bodies it does not read are ./sse_request.js's, the reconnect
+ * timer, the rejected tokens and the terminal frames ./reconnect.js's (shared with the
+ * WebSocket client, ./ws.js). This module and those it imports have no DOM dependency: they
+ * run unchanged in the browser and under Node 20 (`node --test tests/js/`). Rules cited as
+ * `SC-n` and `EB-n` are in `docs/protocol.md` (its rule index).
  *
  * Exports
  *
@@ -19,7 +20,7 @@
  *   terminal states "stopped" (close(), 401 twice, 403, 404, other 4xx, a 2xx/3xx other
  *   than 200 and 204, token provider failure) and "ended" (204: the session is closed, EB-15).
  *
- * - `STATES` — the frozen list of those state names.
+ * - `STATES` — the frozen list of those state names (./reconnect.js).
  * - re-exported, so that this module stays the client's whole interface (the shared spec's
  *   sse-client.md §5 takes the parser from sse.js): `createParser` and `contentTypeEssence`
  *   (./sse_parser.js, SC-1..SC-8, SC-10), `computeReconnectDelayMs` (./sse_backoff.js, the
@@ -48,30 +49,22 @@
  * re-entrantly from inside another call of the same object except the parser callbacks,
  * which run synchronously inside `feed()` / `feedBytes()` / `end()`.
  */
+import {
+  callSafely,
+  checkCursor,
+  checkMaxQueued,
+  isCursor,
+  RECONNECT_DEFAULTS,
+  ReconnectTimer,
+  RejectedTokens,
+  STATES,
+  terminalFrame,
+} from "./reconnect.js";
 import { computeReconnectDelayMs } from "./sse_backoff.js";
 import { contentTypeEssence, createParser } from "./sse_parser.js";
 import { discardBody, readErrorDetail, requestHeaders, withQueryParam } from "./sse_request.js";
 
-export { computeReconnectDelayMs, contentTypeEssence, createParser };
-
-/** Rejected tokens remembered so that none is ever sent again; the oldest is forgotten. */
-const MAX_REMEMBERED_REJECTED_TOKENS = 16;
-
-/**
- * Frames that end the connection they arrive on (SC-12, EB-5, EB-16, EB-19).
- * @type {ReadonlySet<string>}
- */
-const TERMINAL_FRAME_TYPES = new Set(["client_evicted", "stream_error"]);
-/** `stream_error` codes that mean "this token no longer works": the next attempt asks
- * `getToken` for a fresh one (reason "unauthorized") and never resends this one. */
-const TOKEN_ERROR_CODES = new Set(["token_revoked", "token_expired"]);
-
-/**
- * The states of a `SessionEventStream`, in the order a normal life goes through them.
- * "stopped" and "ended" are terminal.
- * @type {ReadonlyArray<string>}
- */
-export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting", "stopped", "ended"]);
+export { computeReconnectDelayMs, contentTypeEssence, createParser, STATES };
 
 /**
  * @typedef {object} StreamEvent
@@ -177,9 +170,9 @@ export class SessionEventStream {
       lastEventId = "",
       epoch = null,
       maxQueued,
-      initialRetryMs = 3000,
-      capMs = 30000,
-      floorMs = 1000,
+      initialRetryMs = RECONNECT_DEFAULTS.initialRetryMs,
+      capMs = RECONNECT_DEFAULTS.capMs,
+      floorMs = RECONNECT_DEFAULTS.floorMs,
       connectWaitMs = 5000,
       random = Math.random,
       setTimeout: setTimer = globalThis.setTimeout,
@@ -194,16 +187,11 @@ export class SessionEventStream {
     for (const fn of [setTimer, clearTimer, random]) {
       if (typeof fn !== "function") fail(TypeError, "setTimeout, clearTimeout and random must be functions");
     }
-    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) {
-      fail(TypeError, "lastEventId must be a string without CR, LF or NUL");
-    }
-    if (epoch !== null && typeof epoch !== "string") fail(TypeError, "epoch must be a string or null");
+    checkCursor("SessionEventStream", lastEventId, epoch);
     for (const [name, value] of Object.entries({ initialRetryMs, capMs, floorMs, connectWaitMs })) {
       if (typeof value !== "number" || !(value >= 0)) fail(RangeError, `${name} must be a number >= 0`);
     }
-    if (maxQueued !== undefined && !(Number.isInteger(maxQueued) && maxQueued >= 16 && maxQueued <= 2048)) {
-      fail(RangeError, "maxQueued must be an integer in [16, 2048] (EB-14)");
-    }
+    checkMaxQueued("SessionEventStream", maxQueued);
 
     this._url = String(url);
     if (maxQueued !== undefined) this._url = withQueryParam(this._url, "maxQueued", String(maxQueued));
@@ -214,25 +202,25 @@ export class SessionEventStream {
     this._callbacks = { onEvent, onStateChange, onRetryScheduled, onResyncRequired, onComment, onConnectionWait };
     this._connectWaitMs = connectWaitMs;
     this._onCallbackError = onCallbackError;
-    this._capMs = capMs;
-    this._floorMs = floorMs;
-    this._random = () => random();
     this._setTimer = (fn, ms) => setTimer(fn, ms);
     this._clearTimer = (handle) => clearTimer(handle);
+    this._reconnect = new ReconnectTimer({
+      retryMs: initialRetryMs,
+      capMs,
+      floorMs,
+      random: () => random(),
+      setTimer: this._setTimer,
+      clearTimer: this._clearTimer,
+    });
 
     this._state = "idle";
     this._lastEventId = lastEventId;
     this._epoch = epoch;
-    this._retryMs = initialRetryMs;
-    this._failures = 0;
     this._attempts = 0;
-    this._timer = null;
-    this._timerToken = null;
-    this._currentDelayMs = null;
     /** @type {Attempt|null} */
     this._attempt = null;
-    /** @type {Set<string>} tokens a 401 rejected: never sent again */
-    this._rejectedTokens = new Set();
+    /** tokens a 401 (or a token_revoked / token_expired frame) rejected: never sent again */
+    this._rejectedTokens = new RejectedTokens();
     /** set by a token_revoked / token_expired frame: the next attempt asks for a fresh token */
     this._freshTokenNext = false;
     this._paused = false;
@@ -261,12 +249,12 @@ export class SessionEventStream {
 
   /** The reconnection time in force, ms: the server's last valid `retry`, kept across connections. */
   get retryMs() {
-    return this._retryMs;
+    return this._reconnect.retryMs;
   }
 
   /** The delay of the pending reconnect in ms, or null when none is scheduled. */
   get currentDelayMs() {
-    return this._currentDelayMs;
+    return this._reconnect.currentDelayMs;
   }
 
   /** True between `pause()` and `resume()`. */
@@ -281,8 +269,7 @@ export class SessionEventStream {
    * null, is ignored.
    */
   adoptCursor(lastEventId, epoch) {
-    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) return;
-    if (epoch !== null && typeof epoch !== "string") return;
+    if (!isCursor(lastEventId, epoch)) return;
     this._lastEventId = lastEventId;
     this._epoch = epoch;
   }
@@ -338,17 +325,7 @@ export class SessionEventStream {
   }
 
   _call(name, ...args) {
-    const fn = this._callbacks[name];
-    if (typeof fn !== "function") return;
-    try {
-      fn(...args);
-    } catch (error) {
-      try {
-        this._onCallbackError(error);
-      } catch {
-        // the error reporter itself failed: nothing more can be done
-      }
-    }
+    callSafely(this._callbacks[name], args, (error) => this._onCallbackError(error));
   }
 
   _setState(state, info) {
@@ -358,15 +335,8 @@ export class SessionEventStream {
 
   _stop(state, info) {
     this._abortAttempt();
-    this._cancelTimer();
+    this._reconnect.cancel();
     this._setState(state, info);
-  }
-
-  _cancelTimer() {
-    if (this._timer !== null) this._clearTimer(this._timer);
-    this._timer = null;
-    this._timerToken = null;
-    this._currentDelayMs = null;
   }
 
   _abortAttempt() {
@@ -390,27 +360,11 @@ export class SessionEventStream {
   }
 
   _scheduleReconnect(reason, info) {
-    const delayMs = computeReconnectDelayMs({
-      retryMs: this._retryMs,
-      failures: this._failures,
-      capMs: this._capMs,
-      floorMs: this._floorMs,
-      random: this._random,
-    });
-    this._cancelTimer();
-    // The token guards against a timer that fires after it was cancelled or replaced.
-    const token = {};
-    this._timerToken = token;
-    this._currentDelayMs = delayMs;
-    this._timer = this._setTimer(() => {
-      if (this._timerToken !== token) return;
-      this._timer = null;
-      this._timerToken = null;
-      this._currentDelayMs = null;
+    const delayMs = this._reconnect.schedule(() => {
       const tokenReason = this._freshTokenNext ? "unauthorized" : "reconnect";
       this._freshTokenNext = false;
       this._connect(tokenReason, "reconnect");
-    }, delayMs);
+    });
     const fullInfo = { ...info, reason, delayMs };
     this._setState("reconnecting", fullInfo);
     this._call("onRetryScheduled", delayMs, fullInfo);
@@ -418,7 +372,7 @@ export class SessionEventStream {
 
   _fail(attempt, reason, info) {
     attempt.dead = true;
-    this._failures += 1;
+    this._reconnect.failures += 1;
     this._attempt = null;
     this._scheduleReconnect(reason, info);
   }
@@ -530,7 +484,7 @@ export class SessionEventStream {
     const detail = await readErrorDetail(response);
     if (attempt.dead) return;
     if (status === 401) {
-      this._rememberRejected(token);
+      this._rejectedTokens.add(token);
       if (tokenReason === "unauthorized") {
         this._stop("stopped", { reason: "unauthorized", status, detail });
       } else {
@@ -546,13 +500,13 @@ export class SessionEventStream {
 
   async _readBody(attempt, response) {
     attempt.epoch = response.headers.get("X-Event-Epoch");
-    this._failures = 0;
+    this._reconnect.failures = 0;
     attempt.committedId = this._lastEventId;
     const parser = createParser({
       lastEventId: this._lastEventId,
       onEvent: (event) => this._onParsedEvent(attempt, parser, event),
       onRetry: (ms) => {
-        if (!attempt.dead) this._retryMs = ms;
+        if (!attempt.dead) this._reconnect.retryMs = ms;
       },
       onComment: (text) => {
         if (!attempt.dead) this._call("onComment", text);
@@ -596,13 +550,6 @@ export class SessionEventStream {
     this._scheduleReconnect(reason, info);
   }
 
-  _rememberRejected(token) {
-    this._rejectedTokens.add(token);
-    if (this._rejectedTokens.size > MAX_REMEMBERED_REJECTED_TOKENS) {
-      this._rejectedTokens.delete(this._rejectedTokens.values().next().value);
-    }
-  }
-
   _syncCursor(attempt, parser) {
     // The cursor only moves when an `id` field was committed on this connection, so its
     // epoch is the one this response announced (EB-13, EB-17). Compared with what this
@@ -627,14 +574,14 @@ export class SessionEventStream {
     };
     this._call("onEvent", frame);
     if (frame.type === "state_resync_required") this._call("onResyncRequired", frame);
-    if (TERMINAL_FRAME_TYPES.has(frame.type) && this._attempt === attempt) {
-      const code = frame.json && typeof frame.json === "object" && frame.json.data ? frame.json.data.code : undefined;
-      if (frame.type === "stream_error" && TOKEN_ERROR_CODES.has(code)) {
-        if (attempt.token !== null) this._rememberRejected(attempt.token);
+    const terminal = this._attempt === attempt ? terminalFrame(frame.type, frame.json) : null;
+    if (terminal !== null) {
+      if (terminal.tokenRejected) {
+        this._rejectedTokens.add(attempt.token);
         this._freshTokenNext = true;
       }
       this._abortAttempt();
-      this._scheduleReconnect(frame.type, { detail: frameDetail(frame) });
+      this._scheduleReconnect(frame.type, { detail: terminal.detail });
     }
   }
 }
@@ -656,8 +603,3 @@ function tryParseJson(data) {
   }
 }
 
-function frameDetail(frame) {
-  const data = frame.json && typeof frame.json === "object" ? frame.json.data : undefined;
-  if (data && typeof data === "object") return data.reason ?? data.code ?? data.error;
-  return undefined;
-}

@@ -36,19 +36,24 @@
  *
  * No DOM dependency: runs in the browser and under Node 20 with a fake WebSocket.
  */
-import { computeReconnectDelayMs } from "./sse_backoff.js";
+import {
+  callSafely,
+  checkCursor,
+  checkMaxQueued,
+  isCursor,
+  RECONNECT_DEFAULTS,
+  ReconnectTimer,
+  RejectedTokens,
+  STATES,
+  terminalFrame,
+} from "./reconnect.js";
 import { SessionSocket, socketUrl, SUBPROTOCOL } from "./ws_socket.js";
 
-export { SessionSocket, socketUrl, SUBPROTOCOL };
+// STATES: the same names as the SSE client's (./sse.js).
+export { SessionSocket, socketUrl, STATES, SUBPROTOCOL };
 
-/** Same names as the SSE client's (./sse.js). @type {ReadonlyArray<string>} */
-export const STATES = Object.freeze(["idle", "connecting", "open", "reconnecting", "stopped", "ended"]);
-
-const TERMINAL_FRAME_TYPES = new Set(["client_evicted", "stream_error"]);
-const TOKEN_ERROR_CODES = new Set(["token_revoked", "token_expired"]);
 /** Reply codes after which asking again cannot help (the SSE client stops on these 4xx). */
 const STOP_CODES = new Set(["forbidden", "not_found", "already_subscribed"]);
-const MAX_REMEMBERED_REJECTED_TOKENS = 16;
 
 /**
  * @typedef {object} WsSessionStreamOptions
@@ -100,13 +105,8 @@ export class WsSessionStream {
     } = options;
     if (typeof session !== "string" || session === "") throw new TypeError("WsSessionStream: session is required");
     if (typeof getToken !== "function") throw new TypeError("WsSessionStream: getToken must be a function");
-    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) {
-      throw new TypeError("WsSessionStream: lastEventId must be a string without CR, LF or NUL");
-    }
-    if (epoch !== null && typeof epoch !== "string") throw new TypeError("WsSessionStream: epoch must be a string or null");
-    if (maxQueued !== undefined && !(Number.isInteger(maxQueued) && maxQueued >= 16 && maxQueued <= 2048)) {
-      throw new RangeError("WsSessionStream: maxQueued must be an integer in [16, 2048] (EB-14)");
-    }
+    checkCursor("WsSessionStream", lastEventId, epoch);
+    checkMaxQueued("WsSessionStream", maxQueued);
     this.session = session;
     this._getToken = (reason) => getToken(reason);
     this._ownSocket = socket === undefined;
@@ -118,9 +118,14 @@ export class WsSessionStream {
     this._callbacks = options;
     this._setTimer = (fn, ms) => (options.setTimeout ?? globalThis.setTimeout)(fn, ms);
     this._clearTimer = (handle) => (options.clearTimeout ?? globalThis.clearTimeout)(handle);
-    this._retryMs = options.initialRetryMs ?? 3000;
-    this._backoff = { capMs: options.capMs ?? 30000, floorMs: options.floorMs ?? 1000, random: options.random ?? Math.random };
-    this._failures = 0;
+    this._reconnect = new ReconnectTimer({
+      retryMs: options.initialRetryMs ?? RECONNECT_DEFAULTS.initialRetryMs,
+      capMs: options.capMs ?? RECONNECT_DEFAULTS.capMs,
+      floorMs: options.floorMs ?? RECONNECT_DEFAULTS.floorMs,
+      random: options.random ?? Math.random,
+      setTimer: this._setTimer,
+      clearTimer: this._clearTimer,
+    });
     this._gen = 0; // bumped by every subscribe prepared and every socket lost: stale ones send nothing
     this._state = "idle";
     this._lastEventId = lastEventId;
@@ -133,9 +138,7 @@ export class WsSessionStream {
     this._token = null;
     this._tokenReason = "connect";
     this._sentTokenReason = "connect";
-    this._rejected = new Set();
-    this._timer = null;
-    this._currentDelayMs = null;
+    this._rejected = new RejectedTokens();
     this._refreshTimer = null;
     this._paused = false;
     this._held = [];
@@ -164,11 +167,11 @@ export class WsSessionStream {
   }
 
   get retryMs() {
-    return this._retryMs;
+    return this._reconnect.retryMs;
   }
 
   get currentDelayMs() {
-    return this._currentDelayMs ?? this._socket.currentDelayMs;
+    return this._reconnect.currentDelayMs ?? this._socket.currentDelayMs;
   }
 
   get paused() {
@@ -182,8 +185,7 @@ export class WsSessionStream {
 
   /** Take a snapshot's cursor (SC-12), as `SessionEventStream.adoptCursor`. Never throws. */
   adoptCursor(lastEventId, epoch) {
-    if (typeof lastEventId !== "string" || /[\r\n\0]/.test(lastEventId)) return;
-    if (epoch !== null && typeof epoch !== "string") return;
+    if (!isCursor(lastEventId, epoch)) return;
     this._lastEventId = lastEventId;
     this._epoch = epoch;
   }
@@ -248,7 +250,7 @@ export class WsSessionStream {
 
   /** The subscribe message, token included; null when the stream gave up meanwhile. */
   async _prepareSubscribe(reason) {
-    this._cancelTimer();
+    this._reconnect.cancel();
     this._phase = "sending";
     const gen = ++this._gen;
     const tokenReason = this._tokenReason === "unauthorized" ? "unauthorized" : reason;
@@ -285,7 +287,7 @@ export class WsSessionStream {
     if (this._phase !== "sending" || message.token !== this._token) return;
     if (reply.ok === true) {
       this._phase = "subscribed";
-      this._failures = 0;
+      this._reconnect.failures = 0;
       this._subEpoch = typeof reply.epoch === "string" ? reply.epoch : null;
       this._setState("open", { epoch: this._subEpoch });
       this._scheduleRefresh();
@@ -295,7 +297,7 @@ export class WsSessionStream {
     const code = typeof error.code === "string" ? error.code : "";
     const info = { detail: error.error ?? code, code };
     if (code === "unauthorized" || code === "token_revoked") {
-      this._remember(message.token);
+      this._rejected.add(message.token);
       if (this._sentTokenReason === "unauthorized") {
         this._finish("stopped", { ...info, reason: "unauthorized" });
       } else {
@@ -310,7 +312,7 @@ export class WsSessionStream {
       const reason = code === "forbidden" || code === "not_found" ? code : "client_error";
       this._finish("stopped", { ...info, reason });
     } else {
-      if (Number.isSafeInteger(error.retryAfterMs)) this._retryMs = error.retryAfterMs;
+      if (Number.isSafeInteger(error.retryAfterMs)) this._reconnect.retryMs = error.retryAfterMs;
       this._later(code || "server_error", info, true);
     }
   }
@@ -331,7 +333,7 @@ export class WsSessionStream {
     this._cancelRefresh();
     this._gen += 1;
     if (this._phase === "done" || this._phase === "parked" || this._phase === "idle") return;
-    this._cancelTimer();
+    this._reconnect.cancel();
     this._phase = "waiting";
     this._setState("reconnecting", info);
     this._call("onRetryScheduled", info.delayMs, info);
@@ -352,13 +354,7 @@ export class WsSessionStream {
   }
 
   _call(name, ...args) {
-    const fn = this._callbacks[name];
-    if (typeof fn !== "function") return;
-    try {
-      fn(...args);
-    } catch (error) {
-      this._report(error);
-    }
+    callSafely(this._callbacks[name], args, (error) => this._onCallbackError(error));
   }
 
   _setState(state, info) {
@@ -366,21 +362,9 @@ export class WsSessionStream {
     this._call("onStateChange", state, info);
   }
 
-  _cancelTimer() {
-    if (this._timer !== null) this._clearTimer(this._timer);
-    this._timer = null;
-    this._currentDelayMs = null;
-  }
-
   _cancelRefresh() {
     if (this._refreshTimer !== null) this._clearTimer(this._refreshTimer);
     this._refreshTimer = null;
-  }
-
-  _remember(token) {
-    if (typeof token !== "string") return;
-    this._rejected.add(token);
-    if (this._rejected.size > MAX_REMEMBERED_REJECTED_TOKENS) this._rejected.delete(this._rejected.values().next().value);
   }
 
   /** Ask for the token and send one subscribe now (not part of a batch). */
@@ -399,20 +383,13 @@ export class WsSessionStream {
   _later(reason, info, failed) {
     this._cancelRefresh();
     this._phase = "later";
-    this._failures = failed ? this._failures + 1 : 0;
-    const delayMs = computeReconnectDelayMs({ retryMs: this._retryMs, failures: this._failures, ...this._backoff });
-    this._cancelTimer();
-    this._currentDelayMs = delayMs;
-    const timer = this._setTimer(() => {
-      if (this._timer !== timer) return;
-      this._timer = null;
-      this._currentDelayMs = null;
+    this._reconnect.failures = failed ? this._reconnect.failures + 1 : 0;
+    const delayMs = this._reconnect.schedule(() => {
       if (this._phase !== "later") return;
       this._phase = "waiting";
       this._setState("connecting", { reason: "reconnect" });
       if (this._socket.isOpen) this._subscribeNow("reconnect");
-    }, delayMs);
-    this._timer = timer;
+    });
     const full = { ...info, reason, delayMs };
     this._setState("reconnecting", full);
     this._call("onRetryScheduled", delayMs, full);
@@ -421,7 +398,7 @@ export class WsSessionStream {
   _finish(state, info) {
     const wasSubscribed = this._phase === "subscribed" || this._phase === "sending";
     this._phase = "done";
-    this._cancelTimer();
+    this._reconnect.cancel();
     this._cancelRefresh();
     this._held = [];
     if (wasSubscribed) this._socket.send({ op: "unsubscribe", session: this.session }, () => {});
@@ -450,20 +427,21 @@ export class WsSessionStream {
     this._call("onEvent", frame);
     if (type === "state_resync_required") this._call("onResyncRequired", frame);
     if (this._phase !== "subscribed") return; // a callback closed the stream
+    const terminal = terminalFrame(type, envelope);
     if (type === "session_closed") {
       this._finish("ended", { reason: "session_ended" });
-    } else if (TERMINAL_FRAME_TYPES.has(type)) {
-      const details = envelope.data !== null && typeof envelope.data === "object" ? envelope.data : {};
-      if (type === "stream_error" && TOKEN_ERROR_CODES.has(details.code)) {
-        this._remember(this._token);
+    } else if (terminal !== null) {
+      const { data } = terminal;
+      if (terminal.tokenRejected) {
+        this._rejected.add(this._token);
         this._tokenReason = "unauthorized";
       }
-      if (Number.isSafeInteger(details.retryAfterMs)) {
-        this._retryMs = details.retryAfterMs;
+      if (Number.isSafeInteger(data.retryAfterMs)) {
+        this._reconnect.retryMs = data.retryAfterMs;
         // The socket closes next (1012): it reconnects after the same time (SSE keeps a `retry:`).
-        if (details.code === "server_draining") this._socket.setRetryMs(details.retryAfterMs);
+        if (data.code === "server_draining") this._socket.setRetryMs(data.retryAfterMs);
       }
-      this._later(type, { detail: details.reason ?? details.code ?? details.error }, false);
+      this._later(type, { detail: terminal.detail }, false);
     }
   }
 
@@ -486,7 +464,7 @@ export class WsSessionStream {
         this._token = token;
         if (this._phase === "subscribed") this._scheduleRefresh();
       } else if (reply.error && reply.error.code === "unauthorized") {
-        this._remember(token);
+        this._rejected.add(token);
       }
     });
     if (!sent) this._scheduleRefresh(); // the socket is reconnecting: the resubscribe sends a token

@@ -4,7 +4,7 @@
  *
  * `SessionSocket` owns the socket and what belongs to the connection, not to a session:
  * the request refs and their replies, pings, the reconnect with the SSE client's backoff
- * (SC-11, ./sse_backoff.js) and, after every open, **one batched resubscribe**: it asks
+ * (SC-11, ./reconnect.js's `ReconnectTimer`) and, after every open, **one batched resubscribe**: it asks
  * every subscription for its `subscribe` message (token, cursor, epoch) at once and sends
  * them all in one burst, in one turn of the event loop. The subscriptions themselves
  * (`WsSessionStream`, ./ws.js) decide what a reply or a frame means for their session.
@@ -26,7 +26,7 @@
  * Concurrency: everything runs on the caller's event loop; a stale socket's callbacks are
  * recognised (`this._ws !== ws`) and ignored.
  */
-import { computeReconnectDelayMs } from "./sse_backoff.js";
+import { callSafely, RECONNECT_DEFAULTS, ReconnectTimer } from "./reconnect.js";
 
 /** The subprotocol the client asks for; the server answers with it or refuses. */
 export const SUBPROTOCOL = "qwenweb.v1";
@@ -85,9 +85,9 @@ export class SessionSocket {
     const {
       url,
       WebSocket: WS = globalThis.WebSocket,
-      initialRetryMs = 3000,
-      capMs = 30000,
-      floorMs = 1000,
+      initialRetryMs = RECONNECT_DEFAULTS.initialRetryMs,
+      capMs = RECONNECT_DEFAULTS.capMs,
+      floorMs = RECONNECT_DEFAULTS.floorMs,
       pingIntervalMs = 15000,
       pongTimeoutMs = 10000,
       onStateChange,
@@ -103,26 +103,27 @@ export class SessionSocket {
     }
     this._url = url;
     this._WS = WS;
-    this._capMs = capMs;
-    this._floorMs = floorMs;
     this._pingIntervalMs = pingIntervalMs;
     this._pongTimeoutMs = pongTimeoutMs;
     this._onStateChange = onStateChange;
     this._onCallbackError = onCallbackError;
-    this._random = () => random();
     this._setTimer = (fn, ms) => setTimer(fn, ms);
     this._clearTimer = (handle) => clearTimer(handle);
+    this._reconnect = new ReconnectTimer({
+      retryMs: initialRetryMs,
+      capMs,
+      floorMs,
+      random: () => random(),
+      setTimer: this._setTimer,
+      clearTimer: this._clearTimer,
+    });
     this._state = "idle";
-    this._retryMs = initialRetryMs;
-    this._failures = 0;
     this._sockets = 0;
     this._ws = null;
     this._opened = false; // whether the current socket reached "open"
     this._members = new Set();
     this._pending = new Map(); // ref → {message, onReply}
     this._nextRef = 1;
-    this._timer = null;
-    this._currentDelayMs = null;
     this._pingTimer = null;
     this._heard = true; // a message arrived since the last ping
   }
@@ -139,12 +140,12 @@ export class SessionSocket {
 
   /** The reconnection time in force, ms. */
   get retryMs() {
-    return this._retryMs;
+    return this._reconnect.retryMs;
   }
 
   /** The delay of the pending reconnect in ms, or null. */
   get currentDelayMs() {
-    return this._currentDelayMs;
+    return this._reconnect.currentDelayMs;
   }
 
   /** Whether messages can be sent now. */
@@ -162,7 +163,7 @@ export class SessionSocket {
    * frame's `retryAfterMs`). Integers ≥ 0 only; others are ignored. Never throws.
    */
   setRetryMs(ms) {
-    if (Number.isSafeInteger(ms) && ms >= 0) this._retryMs = ms;
+    if (Number.isSafeInteger(ms) && ms >= 0) this._reconnect.retryMs = ms;
   }
 
   /** Add a member; connects when idle. Idempotent. Nothing after close(). */
@@ -211,7 +212,7 @@ export class SessionSocket {
     if (this._state === "closed") return;
     const ws = this._ws;
     this._release();
-    this._cancelTimer();
+    this._reconnect.cancel();
     if (ws !== null) safeClose(ws, 1000, "client closed");
     this._setState("closed", { reason: "closed" });
   }
@@ -219,27 +220,12 @@ export class SessionSocket {
   // ---- internals -------------------------------------------------------------------------
 
   _call(fn, ...args) {
-    if (typeof fn !== "function") return;
-    try {
-      fn(...args);
-    } catch (error) {
-      try {
-        this._onCallbackError(error);
-      } catch {
-        // the reporter failed too
-      }
-    }
+    callSafely(fn, args, (error) => this._onCallbackError(error));
   }
 
   _setState(state, info) {
     this._state = state;
     this._call(this._onStateChange, state, info);
-  }
-
-  _cancelTimer() {
-    if (this._timer !== null) this._clearTimer(this._timer);
-    this._timer = null;
-    this._currentDelayMs = null;
   }
 
   /** Forget the current socket: no more of its callbacks, no ping, no pending replies. */
@@ -255,14 +241,14 @@ export class SessionSocket {
   }
 
   _connect(reason) {
-    this._cancelTimer();
+    this._reconnect.cancel();
     let ws;
     this._opened = false;
     this._setState("connecting", { reason });
     try {
       ws = new this._WS(socketUrl(this._url), [SUBPROTOCOL]);
     } catch (error) {
-      this._failures += 1;
+      this._reconnect.failures += 1;
       this._schedule({ reason: "network_error", error });
       return;
     }
@@ -279,7 +265,7 @@ export class SessionSocket {
       return;
     }
     this._opened = true;
-    this._failures = 0;
+    this._reconnect.failures = 0;
     this._sockets += 1;
     this._setState("open", { reason: "open" });
     this._heard = true;
@@ -363,27 +349,12 @@ export class SessionSocket {
     this._release();
     if (ws !== null) safeClose(ws, 4000, info.reason);
     // 4429: the user's sockets are at their limit; opening at once again cannot help.
-    if ((!opened && info.reason !== "dropped") || info.code === 4429) this._failures += 1;
+    if ((!opened && info.reason !== "dropped") || info.code === 4429) this._reconnect.failures += 1;
     this._schedule(info);
   }
 
   _schedule(info) {
-    const delayMs = computeReconnectDelayMs({
-      retryMs: this._retryMs,
-      failures: this._failures,
-      capMs: this._capMs,
-      floorMs: this._floorMs,
-      random: this._random,
-    });
-    this._cancelTimer();
-    this._currentDelayMs = delayMs;
-    const timer = this._setTimer(() => {
-      if (this._timer !== timer) return;
-      this._timer = null;
-      this._currentDelayMs = null;
-      this._connect("reconnect");
-    }, delayMs);
-    this._timer = timer;
+    const delayMs = this._reconnect.schedule(() => this._connect("reconnect"));
     const full = { ...info, delayMs };
     this._setState("reconnecting", full);
     for (const member of [...this._members]) this._call(() => member._onSocketLost(full));

@@ -48,6 +48,16 @@ def play_turn(session: RemoteSession) -> dict[str, int]:
     return ids
 
 
+def open_and_play_turn(
+    page: Page, server: ServerProcess, title: str
+) -> tuple[RemoteSession, SessionPage, dict[str, int]]:
+    """A new session titled ``title``, its page open in ``page``, then one turn played
+    (:func:`play_turn`): the session, its page and the turn's ids (not yet drawn)."""
+    session = RemoteSession.create(server.base_url, title=title)
+    view = SessionPage(page, session).open()
+    return session, view, play_turn(session)
+
+
 def shown_ms(text: str) -> float:
     """The milliseconds of a duration as the page writes it ("350 ms", "1.2 s", "42 s")."""
     match = re.fullmatch(r"(\d+) ms|(\d+(?:\.\d)?) s", text)
@@ -62,9 +72,7 @@ def server_times(session: RemoteSession) -> dict[int, int]:
 def test_a_turn_shows_each_tool_call_with_its_duration_and_outcome(
     page: Page, server: ServerProcess
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="tool calls")
-    view = SessionPage(page, session).open()
-    ids = play_turn(session)
+    session, view, ids = open_and_play_turn(page, server, "tool calls")
     view.wait_for_id(ids["end"])
     times = server_times(session)
     turn = page.locator("#transcript .turn")
@@ -87,9 +95,7 @@ def test_a_turn_shows_each_tool_call_with_its_duration_and_outcome(
 def test_search_finds_a_word_of_the_transcript_and_steps_through_its_matches(
     page: Page, server: ServerProcess
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="search")
-    view = SessionPage(page, session).open()
-    ids = play_turn(session)
+    _, view, ids = open_and_play_turn(page, server, "search")
     view.wait_for_id(ids["end"])
     query = page.locator("#transcript-query")
     query.fill("NEEDLE")
@@ -121,9 +127,7 @@ VISIBLE_IN = """([selector, box]) => {
 def test_an_event_link_in_the_url_scrolls_to_the_event_and_highlights_it(
     page: Page, server: ServerProcess
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="links")
-    view = SessionPage(page, session).open()
-    ids = play_turn(session)
+    session, view, ids = open_and_play_turn(page, server, "links")
     last = session.say(*[f"line {n}\n" for n in range(150)])[-1]  # both views scroll
     view.wait_for_id(last)
     target = ids["read_done"]
@@ -149,9 +153,7 @@ def test_an_event_link_in_the_url_scrolls_to_the_event_and_highlights_it(
 def test_a_frames_json_opens_from_the_frame_log_and_the_transcript(
     page: Page, server: ServerProcess
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="json")
-    view = SessionPage(page, session).open()
-    ids = play_turn(session)
+    session, view, ids = open_and_play_turn(page, server, "json")
     blob = secrets.token_urlsafe(24 * 1024)  # above what the page keeps: fetched
     big = session.publish("note", {"blob": blob})
     view.wait_for_id(big)
@@ -226,10 +228,8 @@ def test_debug_tools_sit_apart_and_are_off_once_the_session_has_ended(
 def test_session_page_is_axe_clean_and_does_not_scroll_sideways(
     page: Page, server: ServerProcess, width: int
 ) -> None:
-    session = RemoteSession.create(server.base_url, title="A session page on a phone and a desk")
     page.set_viewport_size({"width": width, "height": PHONE["height"] if width < 1000 else 900})
-    view = SessionPage(page, session).open()
-    play_turn(session)
+    session, view, _ = open_and_play_turn(page, server, "A session page on a phone and a desk")
     long_note = "a note without any space " * 3 + "x" * 300
     last = session.publish("note", {"text": long_note})
     view.wait_for_id(last)

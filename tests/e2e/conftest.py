@@ -1,5 +1,6 @@
-"""End-to-end fixtures: one real daphne process per test session on 127.0.0.1, the
-migrated databases the servers share."""
+"""End-to-end fixtures: one real daphne process per test session on 127.0.0.1, one real
+production entry point per module that asks for it, the migrated databases the servers
+share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import ServerProcess, daphne_argv, free_port, migrate, server_env
+from tests.support.server import (
+    ServerProcess,
+    daphne_argv,
+    migrate,
+    serve_argv,
+    server_env,
+    started_server,
+)
 from tests.support.staff import staffed_database
 
 
@@ -31,12 +39,20 @@ def staff_database(
 def daphne_server(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    port = free_port()
-    server = ServerProcess(
-        daphne_argv(port),
-        port,
-        server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1"),
-        tmp_path_factory.mktemp("logs") / "daphne.log",
-    ).start()
-    yield server
-    server.stop()
+    """daphne on ``e2e_database``, heartbeat 1 s."""
+    env = server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1")
+    log = tmp_path_factory.mktemp("logs") / "daphne.log"
+    with started_server(daphne_argv, env, log) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def serve_server(
+    e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The production entry point (``python -m qwenweb.serve``) on ``e2e_database``,
+    heartbeat 1 s."""
+    env = server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1")
+    log = tmp_path_factory.mktemp("logs") / "serve.log"
+    with started_server(serve_argv, env, log) as server:
+        yield server

@@ -6,12 +6,12 @@ import contextlib
 import json
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from tests.support.manage import manage, manage_process
 from tests.support.server import (
     REPO,
     RemoteSession,
@@ -26,18 +26,6 @@ from tests.support.server import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def manage(database: Path, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=server_env(database),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 def test_tail_session_resumes_after_cursor(
@@ -64,19 +52,16 @@ def test_tail_session_reconnects_and_stops_on_204(
     session = RemoteSession.create(daphne_server.base_url)
     for n in range(3):
         session.publish("note", {"n": n})
-    tail = subprocess.Popen(
-        [sys.executable, "manage.py", "tail_session", session.id, "--url", daphne_server.base_url,
-         "--token", session.read_token, "--last-event-id", "0"],
-        cwd=REPO, env=server_env(e2e_database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert tail.stdout is not None
-    assert "replay_complete" in "".join(tail.stdout.readline() for _ in range(4))
-    status, _ = request_json(
-        "POST", f"{daphne_server.base_url}/session/{session.id}/close", token=session.publish_token
-    )
-    assert status == 200
-    out, err = tail.communicate(timeout=30)
+    with manage_process(
+        e2e_database, "tail_session", session.id, "--url", daphne_server.base_url,
+        "--token", session.read_token, "--last-event-id", "0",
+    ) as tail:  # fmt: skip
+        assert tail.stdout is not None
+        assert "replay_complete" in "".join(tail.stdout.readline() for _ in range(4))
+        close_url = f"{daphne_server.base_url}/session/{session.id}/close"
+        status, _ = request_json("POST", close_url, token=session.publish_token)
+        assert status == 200
+        out, err = tail.communicate(timeout=30)
     assert tail.returncode == 0
     assert "session_closed" in out
     assert "session ended (204)" in err

@@ -6,21 +6,15 @@ resumes the same way (issue 27; docs/protocol.md, "The WebSocket transport").
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.manage import manage, manage_process
 from tests.support.server import (
-    REPO,
     RemoteSession,
     ServerProcess,
-    free_port,
     request_json,
-    serve_argv,
-    server_env,
 )
 
 pytestmark = [
@@ -29,39 +23,11 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def serve_server(
-    e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """The production entry point (``python -m qwenweb.serve``), heartbeat 1 s."""
-    port = free_port()
-    server = ServerProcess(
-        serve_argv(port),
-        port,
-        server_env(e2e_database, QWENWEB_HEARTBEAT_INTERVAL_S="1"),
-        tmp_path_factory.mktemp("logs") / "serve.log",
-    ).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(params=["serve", "daphne"])
 def any_server(
     request: pytest.FixtureRequest, serve_server: ServerProcess, daphne_server: ServerProcess
 ) -> ServerProcess:
     return serve_server if request.param == "serve" else daphne_server
-
-
-def tail(database: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "tail_session", *args],
-        cwd=REPO,
-        env=server_env(database),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_tail_over_ws_prints_what_sse_prints_for_the_same_resume(
@@ -72,9 +38,9 @@ def test_tail_over_ws_prints_what_sse_prints_for_the_same_resume(
     for n in range(10):
         session.publish("note", {"n": n, "text": "wörld 🙂"})
     common = ("--url", any_server.base_url, "--token", session.read_token)
-    args = (session.id, *common, "--last-event-id", "3", "--max-events", "8")
-    over_sse = tail(e2e_database, *args, "--transport", "sse")
-    over_ws = tail(e2e_database, *args, "--transport", "ws")
+    args = ("tail_session", session.id, *common, "--last-event-id", "3", "--max-events", "8")
+    over_sse = manage(e2e_database, *args, "--transport", "sse")
+    over_ws = manage(e2e_database, *args, "--transport", "ws")
     assert over_sse.returncode == 0, over_sse.stderr
     assert over_ws.returncode == 0, over_ws.stderr
     lines = over_ws.stdout.splitlines()
@@ -91,13 +57,10 @@ def test_tail_over_ws_follows_until_the_session_closes(
     session = RemoteSession.create(any_server.base_url)
     for n in range(3):
         session.publish("note", {"n": n})
-    follower = subprocess.Popen(
-        [sys.executable, "manage.py", "tail_session", session.id, "--url", any_server.base_url,
-         "--token", session.read_token, "--last-event-id", "0", "--transport", "ws"],
-        cwd=REPO, env=server_env(e2e_database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
+    with manage_process(
+        e2e_database, "tail_session", session.id, "--url", any_server.base_url,
+        "--token", session.read_token, "--last-event-id", "0", "--transport", "ws",
+    ) as follower:  # fmt: skip
         assert follower.stdout is not None
         head = [follower.stdout.readline() for _ in range(4)]
         assert [line.split()[1] for line in head] == ["note", "note", "note", "replay_complete"]
@@ -108,10 +71,6 @@ def test_tail_over_ws_follows_until_the_session_closes(
         )
         assert status == 200
         out, err = follower.communicate(timeout=30)
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.communicate(timeout=10)
     assert follower.returncode == 0, err
     assert "session_closed" in out
     assert "session ended (session_closed)" in err

@@ -29,10 +29,10 @@ from tests.support.server import (
     RemoteSession,
     ServerProcess,
     event_ids,
-    free_port,
     open_stream,
     serve_argv,
     server_env,
+    started_server,
 )
 
 # 2 MiB of "{}": refused unparsed (413 too_many_values). The worst body admitted: as many
@@ -48,15 +48,9 @@ pytestmark = [pytest.mark.e2e]
 def granian(
     e2e_database: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    port = free_port()
-    server = ServerProcess(
-        serve_argv(port),
-        port,
-        server_env(e2e_database),
-        tmp_path_factory.mktemp("logs") / "granian.log",
-    ).start()
-    yield server
-    server.stop()
+    log = tmp_path_factory.mktemp("logs") / "granian.log"
+    with started_server(serve_argv, server_env(e2e_database), log) as server:
+        yield server
 
 
 def _post(port: int, path: str, body: bytes, token: str) -> int:

@@ -10,42 +10,24 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.server import REPO, ServerProcess, open_stream, request_json, server_env
+from tests.support.manage import manage, manage_output, manage_process, owned_session
+from tests.support.server import ServerProcess, open_stream, request_json
 
 pytestmark = pytest.mark.e2e
 
 WITHIN_S = 2.0
 
 
-def _manage(database: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=server_env(database),
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return done.stdout
-
-
-def _owned_session(database: Path) -> tuple[str, str, dict[str, str]]:
-    """A new user and a session they own: ``(username, session id, tokens)``."""
-    name = f"owner-{secrets.token_hex(4)}"
-    code = f"from django.contrib.auth.models import User; User.objects.create_user({name!r})"
-    _manage(database, "shell", "-c", code)
-    created = json.loads(_manage(database, "create_session", "--owner", name))
-    return name, created["id"], created["tokens"]
-
-
 @pytest.mark.asyncio
 async def test_deactivating_the_owner_revokes_tokens_and_ends_the_open_stream(
     daphne_server: ServerProcess, e2e_database: Path
 ) -> None:
-    name, sid, tokens = _owned_session(e2e_database)
+    name, sid, tokens = owned_session(e2e_database)
     events_url = f"{daphne_server.base_url}/session/{sid}/events"
     assert request_json("POST", events_url, {"type": "a"}, token=tokens["publish"])[0] == 200
     stream = await open_stream(daphne_server.port, f"/session/{sid}/events", tokens["read"])
@@ -54,7 +36,7 @@ async def test_deactivating_the_owner_revokes_tokens_and_ends_the_open_stream(
         "from django.contrib.auth.models import User; "
         f"u = User.objects.get(username={name!r}); u.is_active = False; u.save()"
     )
-    _manage(e2e_database, "shell", "-c", code)
+    manage_output(e2e_database, "shell", "-c", code)
     deactivated_at = time.monotonic()
     try:
         await stream.read_until(lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S)
@@ -73,10 +55,10 @@ async def test_deactivating_the_owner_revokes_tokens_and_ends_the_open_stream(
 async def test_a_closed_sessions_stream_answers_204_to_a_token_issued_before_the_close(
     daphne_server: ServerProcess, e2e_database: Path
 ) -> None:
-    _, sid, tokens = _owned_session(e2e_database)
+    _, sid, tokens = owned_session(e2e_database)
     close_url = f"{daphne_server.base_url}/session/{sid}/close"
     assert request_json("POST", close_url, None, token=tokens["publish"])[0] == 200
-    _manage(e2e_database, "revoke_tokens", "--session", sid)
+    manage_output(e2e_database, "revoke_tokens", "--session", sid)
     stream = await open_stream(daphne_server.port, f"/session/{sid}/events", tokens["read"])
     try:
         await stream.read_to_end()
@@ -88,26 +70,25 @@ async def test_a_closed_sessions_stream_answers_204_to_a_token_issued_before_the
 def test_tail_session_rereads_its_token_file_when_the_token_is_revoked(
     daphne_server: ServerProcess, e2e_database: Path, tmp_path: Path
 ) -> None:
-    name, sid, tokens = _owned_session(e2e_database)
+    name, sid, tokens = owned_session(e2e_database)
     events_url = f"{daphne_server.base_url}/session/{sid}/events"
     token_file = tmp_path / "read-token"
     token_file.write_text(tokens["read"])
-    tail = subprocess.Popen(
-        [sys.executable, "manage.py", "tail_session", sid, "--url", daphne_server.base_url,
-         "--token-file", str(token_file), "--last-event-id", "0"],
-        cwd=REPO, env=server_env(e2e_database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
+    with manage_process(
+        e2e_database, "tail_session", sid, "--url", daphne_server.base_url,
+        "--token-file", str(token_file), "--last-event-id", "0",
+    ) as tail:  # fmt: skip
         assert tail.stdout is not None
         assert "replay_complete" in tail.stdout.readline()
-        _manage(e2e_database, "revoke_tokens", "--user", name)
-        fresh = _manage(e2e_database, "issue_token", sid, "--scope", "read", "--subject", name)
+        manage_output(e2e_database, "revoke_tokens", "--user", name)
+        fresh = manage_output(
+            e2e_database, "issue_token", sid, "--scope", "read", "--subject", name
+        )
         token_file.write_text(fresh.strip())
         assert "token_revoked" in tail.stdout.readline()  # the old token's stream ended
         old_publish = request_json("POST", events_url, {"type": "x"}, token=tokens["publish"])
         assert old_publish[0] == 401
-        publish = _manage(
+        publish = manage_output(
             e2e_database, "issue_token", sid, "--scope", "publish", "--subject", name
         ).strip()
         assert request_json("POST", events_url, {"type": "after"}, token=publish)[0] == 200
@@ -120,10 +101,6 @@ def test_tail_session_rereads_its_token_file_when_the_token_is_revoked(
         close_url = f"{daphne_server.base_url}/session/{sid}/close"
         assert request_json("POST", close_url, None, token=publish)[0] == 200
         out, err = tail.communicate(timeout=30)
-    finally:
-        if tail.poll() is None:
-            tail.kill()
-            tail.wait(timeout=10)
     assert tail.returncode == 0, err
     assert "session_closed" in out
     assert "retrying with a fresh token" in err
@@ -141,18 +118,14 @@ async def test_revoke_tokens_reaches_the_streams_of_every_redis_process(tmp_path
     with redis_cluster(database, tmp_path) as cluster:
         servers = [cluster("a"), cluster("b")]
         try:
-            _, sid, tokens = _owned_session(database)
+            _, sid, tokens = owned_session(database)
             for server in servers:
                 stream = await open_stream(server.port, f"/session/{sid}/events", tokens["read"])
                 assert stream.status == 200
                 streams.append(stream)
             env = {"QWENWEB_BACKEND": "redis", "QWENWEB_REDIS_URL": cluster.redis_url,
                    "QWENWEB_REDIS_KEY_PREFIX": cluster.prefix}  # fmt: skip
-            subprocess.run(
-                [sys.executable, "manage.py", "revoke_tokens", "--session", sid],
-                cwd=REPO, env=server_env(database, **env), check=True, timeout=60,
-                capture_output=True,
-            )  # fmt: skip
+            manage(database, "revoke_tokens", "--session", sid, check=True, env=env)
             for stream in streams:
                 await stream.read_until(
                     lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S
@@ -170,7 +143,7 @@ async def test_revoke_tokens_reaches_the_streams_of_every_redis_process(tmp_path
 async def test_demoting_a_staff_user_ends_their_stream_on_another_users_session(
     daphne_server: ServerProcess, e2e_database: Path
 ) -> None:
-    _, sid, _ = _owned_session(e2e_database)
+    _, sid, _ = owned_session(e2e_database)
     name = f"staff-{secrets.token_hex(4)}"
     login = (  # a login session for a staff user, as the login page would make it
         "from importlib import import_module; from django.conf import settings; "
@@ -182,7 +155,7 @@ async def test_demoting_a_staff_user_ends_their_stream_on_another_users_session(
         "s[auth.HASH_SESSION_KEY] = u.get_session_auth_hash(); s.save(); "
         "print(settings.SESSION_COOKIE_NAME + '=' + s.session_key)"
     )
-    cookie = _manage(e2e_database, "shell", "-c", login).strip().splitlines()[-1]
+    cookie = manage_output(e2e_database, "shell", "-c", login).strip().splitlines()[-1]
     stream = await open_stream(
         daphne_server.port, f"/session/{sid}/events", None, [("Cookie", cookie)]
     )
@@ -191,7 +164,7 @@ async def test_demoting_a_staff_user_ends_their_stream_on_another_users_session(
         "from django.contrib.auth.models import User; "
         f"u = User.objects.get(username={name!r}); u.is_staff = False; u.save()"
     )
-    _manage(e2e_database, "shell", "-c", demote)
+    manage_output(e2e_database, "shell", "-c", demote)
     demoted_at = time.monotonic()
     try:
         await stream.read_until(lambda evs: any(e.type == "stream_error" for e in evs), WITHIN_S)

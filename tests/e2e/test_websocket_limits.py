@@ -6,23 +6,19 @@ Each refusal is a reply with its code on a socket that stays usable. Every wait 
 
 from __future__ import annotations
 
-import json
-import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from tests.support.manage import manage_output, owned_session
 from tests.support.server import (
-    REPO,
     RemoteSession,
     ServerProcess,
-    free_port,
     serve_argv,
     server_env,
+    started_server,
 )
 from tests.support.staff import StaffClient
 from tests.support.wsclient import WsClient, ids, types
@@ -36,42 +32,33 @@ WAIT_S = 30.0
 def server(
     staff_database: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    port = free_port()
-    started = ServerProcess(
-        serve_argv(port),
-        port,
-        server_env(
-            staff_database,
-            QWENWEB_WS_MAX_SUBSCRIPTIONS="2",
-            QWENWEB_WS_COMMAND_BURST="20",
-            QWENWEB_WS_COMMAND_RATE_PER_S="0.01",
-            QWENWEB_WS_MAX_MESSAGE_BYTES="1024",
-            QWENWEB_WS_MAX_SOCKETS_PER_USER="2",
-        ),
-        tmp_path_factory.mktemp("ws-limits") / "serve.log",
-    ).start()
-    yield started
-    started.stop()
+    env = server_env(
+        staff_database,
+        QWENWEB_WS_MAX_SUBSCRIPTIONS="2",
+        QWENWEB_WS_COMMAND_BURST="20",
+        QWENWEB_WS_COMMAND_RATE_PER_S="0.01",
+        QWENWEB_WS_MAX_MESSAGE_BYTES="1024",
+        QWENWEB_WS_MAX_SOCKETS_PER_USER="2",
+    )
+    log = tmp_path_factory.mktemp("ws-limits") / "serve.log"
+    with started_server(serve_argv, env, log) as server:
+        yield server
 
 
 def _ws(server: ServerProcess, **headers: str) -> WsClient:
     return WsClient(f"ws://127.0.0.1:{server.port}/ws", headers=headers)
 
 
-def _manage(database: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=server_env(database),
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return done.stdout
-
-
-def _owned_session(database: Path) -> tuple[str, str, dict[str, str]]:
-    name = f"owner-{secrets.token_hex(4)}"
-    code = f"from django.contrib.auth.models import User; User.objects.create_user({name!r})"
-    _manage(database, "shell", "-c", code)
-    created = json.loads(_manage(database, "create_session", "--owner", name))
-    return name, created["id"], created["tokens"]
+async def _subscribed_owner(
+    server: ServerProcess, database: Path
+) -> tuple[WsClient, str, dict[str, str]]:
+    """A new user's session (``owned_session``) and a socket subscribed to it with its read
+    token (ref 1, answered): ``(client, session id, tokens)``."""
+    _name, sid, tokens = owned_session(database)
+    client = await _ws(server).connect()
+    await client.subscribe(1, sid, tokens["read"])
+    await client.reply(1)
+    return client, sid, tokens
 
 
 @pytest.mark.asyncio
@@ -143,7 +130,7 @@ async def test_a_command_burst_past_the_bucket_is_rate_limited(server: ServerPro
 async def test_a_token_user_past_the_socket_limit_is_refused(
     server: ServerProcess, staff_database: Path
 ) -> None:
-    _name, sid, tokens = _owned_session(staff_database)
+    _name, sid, tokens = owned_session(staff_database)
     clients = [await _ws(server).connect() for _ in range(3)]
     for client in clients:
         await client.subscribe(1, sid, tokens["read"])
@@ -192,11 +179,8 @@ async def test_a_handshake_without_the_subprotocol_is_refused(server: ServerProc
 async def test_revoking_the_token_ends_the_subscription_like_an_sse_stream(
     server: ServerProcess, staff_database: Path
 ) -> None:
-    _name, sid, tokens = _owned_session(staff_database)
-    client = await _ws(server).connect()
-    await client.subscribe(1, sid, tokens["read"])
-    await client.reply(1)
-    _manage(staff_database, "revoke_tokens", "--session", sid)
+    client, sid, tokens = await _subscribed_owner(server, staff_database)
+    manage_output(staff_database, "revoke_tokens", "--session", sid)
     await client.read_until(lambda c: "stream_error" in types(c.frames[sid]), WAIT_S)
     assert client.frames[sid][-1]["data"]["code"] == "token_revoked"
     await client.subscribe(2, sid, tokens["read"])
@@ -208,14 +192,11 @@ async def test_revoking_the_token_ends_the_subscription_like_an_sse_stream(
 async def test_refresh_swaps_the_token_without_a_gap(
     server: ServerProcess, staff_database: Path
 ) -> None:
-    _name, sid, tokens = _owned_session(staff_database)
-    client = await _ws(server).connect()
-    await client.subscribe(1, sid, tokens["read"])
-    await client.reply(1)
+    client, sid, tokens = await _subscribed_owner(server, staff_database)
     other = RemoteSession.create(server.base_url)
     await client.send({"op": "refresh", "ref": 2, "session": sid, "token": other.read_token})
     assert (await client.reply(2))["error"]["code"] == "forbidden"
-    fresh = _manage(staff_database, "shell", "-c", _fresh_token_code(sid)).split()[-1]
+    fresh = manage_output(staff_database, "shell", "-c", _fresh_token_code(sid)).split()[-1]
     await client.send({"op": "refresh", "ref": 3, "session": sid, "token": fresh})
     assert (await client.reply(3))["ok"]
     _publish(server, sid, tokens["publish"])

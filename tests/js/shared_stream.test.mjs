@@ -9,16 +9,7 @@ import { describe, test } from "node:test";
 import { LeaderElection, electionMode } from "../../static/qwenweb/leader_election.js";
 import { SharedFeed } from "../../static/qwenweb/shared_feed.js";
 import { SharedStream } from "../../static/qwenweb/shared_stream.js";
-
-const T = { timeout: 5000 };
-
-async function until(predicate, what) {
-  for (let turn = 0; turn < 500; turn += 1) {
-    if (predicate()) return;
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-  assert.fail(`never happened: ${what}`);
-}
+import { T, until } from "./timer_support.mjs";
 
 /** BroadcastChannel: messages are structured-cloned to every other open channel of a name. */
 function channelHub() {

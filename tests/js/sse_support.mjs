@@ -1,48 +1,14 @@
 // Helpers of the SessionEventStream tests (tests/js/sse_*.test.mjs): a fake fetch that returns
-// real Response objects with ReadableStream bodies, timers fired by hand, and `until()`, which
-// only yields to the event loop a bounded number of times. No wall clock.
-import assert from "node:assert/strict";
-
+// real Response objects with ReadableStream bodies, and (./timer_support.mjs) timers fired by
+// hand and `until()`, which only yields to the event loop a bounded number of times. No wall
+// clock.
 import { SessionEventStream } from "../../static/qwenweb/sse.js";
+import { fakeTimers, T, until } from "./timer_support.mjs";
 
-export const T = { timeout: 5000 };
+export { fakeTimers, T, until };
+
 export const URL_ = "/session/s1/events";
 export const encoder = new TextEncoder();
-
-/** Yield to the event loop until `predicate()` holds; fail naming `what` after 500 turns. */
-export async function until(predicate, what) {
-  for (let turn = 0; turn < 500; turn += 1) {
-    if (predicate()) return;
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-  assert.fail(`never happened: ${what}`);
-}
-
-/** Timers that only fire when the test says so. */
-export function fakeTimers() {
-  const timers = [];
-  return {
-    setTimeout(fn, ms) {
-      timers.push({ fn, ms, live: true });
-      return timers.length;
-    },
-    clearTimeout(handle) {
-      if (timers[handle - 1]) timers[handle - 1].live = false;
-    },
-    /** Delays of the timers still pending. */
-    get pending() {
-      return timers.filter((t) => t.live).map((t) => t.ms);
-    },
-    /** Fire the one pending timer and return its delay. */
-    fire() {
-      const live = timers.filter((t) => t.live);
-      assert.equal(live.length, 1, "exactly one pending timer");
-      live[0].live = false;
-      live[0].fn();
-      return live[0].ms;
-    },
-  };
-}
 
 /**
  * A fake server: each fetch call takes the next scripted reply. Every call is recorded with

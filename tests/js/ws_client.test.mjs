@@ -7,7 +7,7 @@ import { describe, test } from "node:test";
 import { SharedStream } from "../../static/qwenweb/shared_stream.js";
 import { computeReconnectDelayMs } from "../../static/qwenweb/sse_backoff.js";
 import { socketUrl, SUBPROTOCOL, WsSessionStream } from "../../static/qwenweb/ws.js";
-import { T, acceptAndSubscribe, envelope, harness, settle, until } from "./ws_support.mjs";
+import { T, acceptAndSubscribe, envelope, harness, openStream, refuseFirstSubscribe, settle, until } from "./ws_support.mjs";
 
 const backoff = (failures, retryMs = 3000) =>
   computeReconnectDelayMs({ retryMs, failures, capMs: 30000, floorMs: 1000, random: () => 0.5 });
@@ -36,10 +36,7 @@ describe("subscribe and frames", () => {
   });
 
   test("frames become the SSE client's events; synthetic frames never move the cursor", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream();
     ws.frame("s1", envelope(7, "note", { text: "é" }));
     ws.frame("s1", envelope(null, "slow_client_warning", { queueSize: 12 }));
     ws.frame("s2", envelope(8, "note")); // another session's frame: not this stream's
@@ -56,10 +53,7 @@ describe("subscribe and frames", () => {
   });
 
   test("state_resync_required reaches onResyncRequired and the subscription carries on", T, async () => {
-    const h = harness();
-    const a = h.make("s1", { stream: { lastEventId: "2" } });
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream({ stream: { lastEventId: "2" } });
     ws.frame("s1", envelope(null, "state_resync_required", { reason: "ring_evicted" }));
     ws.frame("s1", envelope(5, "note"));
     assert.equal(a.log.resyncs.length, 1);
@@ -138,10 +132,7 @@ describe("reconnect with the SSE backoff (SC-11)", () => {
   });
 
   test("a 4429 close (the user's sockets at their limit) backs off as a socket that never opened", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream();
     ws.cut(4429, "socket_limit_exceeded");
     assert.deepEqual(a.log.delays, [backoff(1)]);
   });
@@ -162,10 +153,7 @@ describe("reconnect with the SSE backoff (SC-11)", () => {
   });
 
   test("no message after a ping within the pong timeout: the socket is closed and reconnected", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { h, a, ws } = await openStream();
     h.timers.fire(15000);
     const [ping] = ws.ops("ping");
     ws.push({ op: "pong", ref: ping.ref });
@@ -178,19 +166,13 @@ describe("reconnect with the SSE backoff (SC-11)", () => {
   });
 
   test("the server's ping is a heartbeat (onComment)", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream();
     ws.push({ op: "ping" });
     assert.deepEqual(a.log.comments, ["heartbeat"]);
   });
 
   test("a drain: the frame's retryAfterMs, then 1012: the socket comes back after it", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { h, ws } = await openStream();
     ws.frame("s1", envelope(1, "note"));
     ws.frame("s1", envelope(null, "stream_error", { code: "server_draining", retryAfterMs: 2140 }));
     ws.cut(1012, "server_draining");
@@ -206,10 +188,7 @@ describe("replies and terminal frames", () => {
     const h = harness();
     const a = h.make("s1");
     a.stream.start();
-    const ws = h.net.last();
-    ws.accept();
-    await until(() => ws.ops("subscribe").length === 1, "subscribe");
-    ws.reply(ws.ops("subscribe")[0], { ok: false, error: { code: "unauthorized", error: "bad token" } });
+    const ws = await refuseFirstSubscribe(h, { code: "unauthorized", error: "bad token" });
     await until(() => ws.ops("subscribe").length === 2, "second subscribe");
     assert.deepEqual(a.log.tokenReasons, ["reconnect", "unauthorized"]);
     assert.equal(ws.ops("subscribe")[1].token, "s1-t2");
@@ -221,18 +200,12 @@ describe("replies and terminal frames", () => {
     const h = harness({ shared: false });
     const a = h.make("s1");
     a.stream.start();
-    const ws = h.net.last();
-    ws.accept();
-    await until(() => ws.ops("subscribe").length === 1, "subscribe");
-    ws.reply(ws.ops("subscribe")[0], { ok: false, error: { code: "session_closed", error: "closed" } });
+    const ws = await refuseFirstSubscribe(h, { code: "session_closed", error: "closed" });
     assert.deepEqual(a.log.states.at(-1), ["ended", "session_ended"]);
     assert.equal(ws.closedBy.code, 1000);
     const b = h.make("s2");
     b.stream.start();
-    const ws2 = h.net.last();
-    ws2.accept();
-    await until(() => ws2.ops("subscribe").length === 1, "subscribe");
-    ws2.reply(ws2.ops("subscribe")[0], { ok: false, error: { code: "not_found", error: "unknown session" } });
+    const ws2 = await refuseFirstSubscribe(h, { code: "not_found", error: "unknown session" });
     assert.deepEqual(b.log.states.at(-1), ["stopped", "not_found"]);
   });
 
@@ -240,10 +213,7 @@ describe("replies and terminal frames", () => {
     const h = harness();
     const a = h.make("s1");
     a.stream.start();
-    const ws = h.net.last();
-    ws.accept();
-    await until(() => ws.ops("subscribe").length === 1, "subscribe");
-    ws.reply(ws.ops("subscribe")[0], { ok: false, error: { code: "subscriber_limit_exceeded", retryAfterMs: 5000 } });
+    const ws = await refuseFirstSubscribe(h, { code: "subscriber_limit_exceeded", retryAfterMs: 5000 });
     assert.equal(a.lastState(), "reconnecting");
     h.timers.fire(backoff(1, 5000));
     await acceptAndSubscribe(h, 1, "E1", 2);
@@ -252,10 +222,7 @@ describe("replies and terminal frames", () => {
   });
 
   test("client_evicted ends the subscription: later frames are ignored, it resubscribes with its cursor", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1, "E1");
+    const { h, a, ws } = await openStream();
     ws.frame("s1", envelope(4, "note"));
     ws.frame("s1", envelope(null, "client_evicted", { reason: "queue_overflow" }));
     ws.frame("s1", envelope(5, "note")); // cannot happen; would be a duplicate of the replay
@@ -270,10 +237,7 @@ describe("replies and terminal frames", () => {
   });
 
   test("stream_error token_expired: the resubscribe asks a fresh token and never resends the old", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { h, a, ws } = await openStream();
     ws.frame("s1", envelope(null, "stream_error", { code: "token_expired" }));
     h.timers.fire(3000);
     await until(() => ws.ops("subscribe").length === 2, "resubscribe");
@@ -282,10 +246,7 @@ describe("replies and terminal frames", () => {
   });
 
   test("session_closed (the real event) ends the stream", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream();
     ws.frame("s1", envelope(9, "session_closed", { reason: "closed" }));
     assert.deepEqual(a.log.states.at(-1), ["ended", "session_ended"]);
     assert.equal(a.log.events.at(-1).id, "9");
@@ -294,10 +255,7 @@ describe("replies and terminal frames", () => {
 
 describe("refresh, pause, close", () => {
   test("refreshAfterMs sends a refresh op with a new token; the subscription carries on", T, async () => {
-    const h = harness();
-    const a = h.make("s1", { stream: { refreshAfterMs: () => 60000 } });
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { h, a, ws } = await openStream({ stream: { refreshAfterMs: () => 60000 } });
     h.timers.fire(60000);
     await until(() => ws.ops("refresh").length === 1, "refresh");
     const [refresh] = ws.ops("refresh");
@@ -309,10 +267,7 @@ describe("refresh, pause, close", () => {
   });
 
   test("pause holds frames, resume delivers them in order", T, async () => {
-    const h = harness();
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream();
     a.stream.pause();
     ws.frame("s1", envelope(1, "note"));
     ws.frame("s1", envelope(2, "note"));
@@ -322,10 +277,7 @@ describe("refresh, pause, close", () => {
   });
 
   test("too much held while paused: unsubscribe, then resume resubscribes from the last delivered id", T, async () => {
-    const h = harness();
-    const a = h.make("s1", { stream: { maxHeldFrames: 2 } });
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { a, ws } = await openStream({ stream: { maxHeldFrames: 2 } });
     ws.frame("s1", envelope(1, "note"));
     a.stream.pause();
     for (const id of [2, 3, 4]) ws.frame("s1", envelope(id, "note"));
@@ -336,10 +288,7 @@ describe("refresh, pause, close", () => {
   });
 
   test("close() unsubscribes and closes its own socket with 1000; nothing reconnects", T, async () => {
-    const h = harness({ shared: false });
-    const a = h.make("s1");
-    a.stream.start();
-    const ws = await acceptAndSubscribe(h, 1);
+    const { h, a, ws } = await openStream({ shared: false });
     a.stream.close();
     assert.equal(ws.ops("unsubscribe").length, 1);
     assert.equal(ws.closedBy.code, 1000);

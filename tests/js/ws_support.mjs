@@ -1,52 +1,13 @@
 // Helpers of the WebSocket client tests (tests/js/ws_client.test.mjs): a fake WebSocket the
-// test drives as the server would (open, reply, push frames, close with a code), timers fired
-// by hand, and `until()`, which yields to the event loop a bounded number of times. No wall clock.
-import assert from "node:assert/strict";
-
+// test drives as the server would (open, reply, push frames, close with a code), and
+// (./timer_support.mjs) timers fired by hand and `until()`, which yields to the event loop a
+// bounded number of times. No wall clock.
 import { SessionSocket, WsSessionStream } from "../../static/qwenweb/ws.js";
+import { fakeTimers, settle, T, until } from "./timer_support.mjs";
 
-export const T = { timeout: 5000 };
+export { settle, T, until };
+
 export const BASE = "http://127.0.0.1:8000/sessions/s1/";
-
-/** Yield to the event loop until `predicate()` holds; fail naming `what` after 500 turns. */
-export async function until(predicate, what) {
-  for (let turn = 0; turn < 500; turn += 1) {
-    if (predicate()) return;
-    await new Promise((resolve) => setImmediate(resolve));
-  }
-  assert.fail(`never happened: ${what}`);
-}
-
-/** Let pending promise continuations run (a bounded number of event-loop turns). */
-export async function settle() {
-  for (let turn = 0; turn < 20; turn += 1) await new Promise((resolve) => setImmediate(resolve));
-}
-
-/** Timers that fire only when the test says so, picked by their delay. */
-export function fakeTimers() {
-  const timers = [];
-  return {
-    setTimeout(fn, ms) {
-      timers.push({ fn, ms, live: true });
-      return timers.length;
-    },
-    clearTimeout(handle) {
-      if (timers[handle - 1]) timers[handle - 1].live = false;
-    },
-    /** Delays of the timers still pending, in the order they were set. */
-    get pending() {
-      return timers.filter((t) => t.live).map((t) => t.ms);
-    },
-    /** Fire the one pending timer of delay `ms` (any delay when omitted and only one pends). */
-    fire(ms) {
-      const live = timers.filter((t) => t.live && (ms === undefined || t.ms === ms));
-      assert.equal(live.length, 1, `exactly one pending timer of ${ms ?? "any"} ms (pending: ${this.pending})`);
-      live[0].live = false;
-      live[0].fn();
-      return live[0].ms;
-    },
-  };
-}
 
 /**
  * Fake WebSockets: every socket the client makes is recorded; the test plays the server.
@@ -167,5 +128,26 @@ export async function acceptAndSubscribe(h, count, epoch = "E1", total = count) 
   if (ws.readyState === 0) ws.accept();
   await until(() => ws.ops("subscribe").length >= total, `${total} subscribe messages`);
   for (const message of ws.ops("subscribe").slice(-count)) ws.reply(message, { ok: true, epoch, lastEventId: 0 });
+  return ws;
+}
+
+/**
+ * A harness (`shared`: one socket for all its streams) with one stream on session "s1"
+ * (`make`'s other options), started and subscribed: `{h, a, ws}`.
+ */
+export async function openStream({ shared = true, ...options } = {}) {
+  const h = harness({ shared });
+  const a = h.make("s1", options);
+  a.stream.start();
+  const ws = await acceptAndSubscribe(h, 1);
+  return { h, a, ws };
+}
+
+/** Accept the newest socket, wait for its first subscribe and refuse it with `error`. */
+export async function refuseFirstSubscribe(h, error) {
+  const ws = h.net.last();
+  ws.accept();
+  await until(() => ws.ops("subscribe").length === 1, "subscribe");
+  ws.reply(ws.ops("subscribe")[0], { ok: false, error });
   return ws;
 }

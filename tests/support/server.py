@@ -200,6 +200,22 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+@contextlib.contextmanager
+def started_server(
+    argv: Callable[[int], Sequence[str]], env: dict[str, str], log_path: Path
+) -> Iterator[ServerProcess]:
+    """Start ``argv(port)`` on a free port with ``env``, its output to ``log_path``, and
+    yield it once it answers (:meth:`ServerProcess.start`, which raises if it does not);
+    stop it on the way out. The body of a server fixture:
+    ``with started_server(serve_argv, env, log) as server: yield server``."""
+    port = free_port()
+    server = ServerProcess(argv(port), port, env, log_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def running(pids: Sequence[int]) -> list[int]:
     """Those of ``pids`` that still run (read from ``/proc``; zombies do not)."""
     return [pid for pid in pids if _running(pid)]
