@@ -210,16 +210,51 @@ class _KeptCommandTable(AsyncCommandsParser):
         await super().initialize(node)
 
 
+class _KeptConnections(redis_async_cluster.NodesManager):
+    """The cluster client's nodes, whose ``aclose`` closes no connection in use.
+
+    redis-py 8.1 calls the client's ``aclose()`` (and so this one) to have the slot map
+    read again: after a pipeline's connection error (the process reports reaching a dead
+    node), a ``CLUSTERDOWN``, every ``reinitialize_steps``-th ``MOVED``, and a failed
+    refresh. Its own closes every connection of every node at once, also one whose
+    command another task has written and awaits the reply of: that task then sees
+    "Connection closed by server" or "Connection lost", and a publish on a *healthy*
+    primary answered 503 ``outcome_unknown`` (issue 29: sessions on the other primaries
+    must not notice a failover). Here every connection is marked for reconnect instead,
+    as redis-py's own slot-map refresh does: one in use is closed after its command, a
+    free one before its next. :meth:`_RetryingCluster.close_connections` closes them."""
+
+    __slots__ = ()
+
+    async def aclose(self, attr: str = "nodes_cache") -> None:
+        for node in getattr(self, attr).values():
+            for connection in node._connections:
+                connection.mark_for_reconnect()
+
+
 class _RetryingCluster(redis_async_cluster.RedisCluster):
     """A cluster client that keeps its command table over slot-map refreshes
-    (:class:`_KeptCommandTable`) and sends a command again when redis-py 8.1 closed its
-    connection under it during a refresh (:data:`_CLOSED_UNDER_COMMAND`): seen as HTTP
+    (:class:`_KeptCommandTable`), closes no connection under a command when it refreshes
+    (:class:`_KeptConnections`), and sends a command again when redis-py 8.1 closed its
+    connection under it before writing it (:data:`_CLOSED_UNDER_COMMAND`): seen as HTTP
     500s on sessions of *healthy* primaries while another one failed over. The command
     was not written, so sending it again cannot run it twice."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands_parser = _KeptCommandTable()
+        self.nodes_manager.__class__ = _KeptConnections  # (no state of its own: __slots__)
+
+    async def close_connections(self) -> None:
+        """Close every connection of every node, also those in use (``aclose`` closes
+        none: :class:`_KeptConnections`); a later command connects again. Never raises."""
+        self._initialize = True
+        manager = self.nodes_manager
+        known = (*manager.nodes_cache.values(), *manager.startup_nodes.values())
+        nodes = {id(node): node for node in known}  # (a seed can be a node of the cache)
+        await asyncio.gather(
+            *(node.disconnect() for node in nodes.values()), return_exceptions=True
+        )
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         for attempt in range(1, _CLOSED_UNDER_COMMAND_TRIES + 1):
@@ -242,7 +277,8 @@ def async_cluster(
 ) -> redis_async_cluster.RedisCluster:
     """Return a cluster client over ``target.cluster``'s seed nodes (at most
     ``max_connections`` per node). It learns the slots at its first command and again
-    after ``MOVED``, a lost node or ``CLUSTERDOWN``. Nothing is connected yet."""
+    after ``MOVED``, a lost node or ``CLUSTERDOWN``. Nothing is connected yet. Close it
+    with its ``close_connections()`` (its ``aclose()`` closes no connection in use)."""
     return _RetryingCluster(
         startup_nodes=[redis_async_cluster.ClusterNode(h, p) for h, p in target.cluster],
         require_full_coverage=False,  # the other primaries serve while one fails over

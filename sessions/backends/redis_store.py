@@ -660,7 +660,7 @@ class RedisStore:
             await self.client.delete(self._wake_key)
             await self.client.zrem(f"{self.prefix}:procs", self.process_uid)
         with contextlib.suppress(Exception):
-            await self.client.aclose()
+            await (self.client.close_connections() if self.is_cluster else self.client.aclose())
 
 
 def report_keys(prefix: str, uids: Any) -> list[str]:

@@ -16,8 +16,10 @@ was lost), and loads a script missing on a node (a promoted replica) on that nod
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from redis import exceptions as redis_errors
 
 from sessions.backends.redis_clients import RedisTarget, async_cluster, cluster_script_once
 from tests.support.redis_cluster import RedisCluster
+from tests.support.server import wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -52,11 +55,8 @@ def _client(cluster: RedisCluster) -> Any:
 
 
 async def _close(client: Any) -> None:
-    """Close every connection: redis-py 8.1's ``aclose`` closes nothing once a command
-    failed (it then only waits to re-read the slot map)."""
-    await client.aclose()
-    await client.nodes_manager.aclose()
-    await client.nodes_manager.aclose("startup_nodes")
+    """Close every connection (the backend's cluster client's ``aclose`` closes none)."""
+    await client.close_connections()
 
 
 @pytest.fixture
@@ -88,6 +88,16 @@ def _replica_ports_of(cluster: RedisCluster, primary_port: int) -> list[int]:
     return []
 
 
+def _kill_for_good(cluster: RedisCluster, primary_port: int) -> None:
+    """Kill a primary and, first, its replicas: no failover can end the outage while the
+    test runs."""
+    replicas = _replica_ports_of(cluster, primary_port)
+    assert replicas, "the primary has no replica to kill first"
+    for port in replicas:
+        cluster.node(port).kill()
+    cluster.node(primary_port).kill()
+
+
 async def test_a_dead_default_node_refuses_no_command_to_the_other_primaries(
     cluster: RedisCluster,
 ) -> None:
@@ -100,11 +110,7 @@ async def test_a_dead_default_node_refuses_no_command_to_the_other_primaries(
         healthy = [key for port, key in keys.items() if port != victim]
         for key in healthy:  # warm: the script is loaded, the connections open
             await script(keys=[key])
-        replicas = _replica_ports_of(cluster, victim)
-        assert replicas, "the default node has no replica to kill first"
-        for port in replicas:  # no failover can end the outage during the test
-            cluster.node(port).kill()
-        cluster.node(victim).kill()
+        _kill_for_good(cluster, victim)
 
         # A pipeline over keys of several slots (the process reports) reaches the dead
         # node: redis-py gives up on it and refreshes its slot map.
@@ -125,6 +131,45 @@ async def test_a_dead_default_node_refuses_no_command_to_the_other_primaries(
         assert refused == [], (len(refused), refused[:3])
         counts = [int(await client.get(key) or 0) for key in healthy]
         assert counts == [1 + ROUNDS] * len(healthy)  # each ran once per round, no more
+    finally:
+        await _close(client)
+
+
+async def test_a_refresh_after_a_dead_node_closes_no_command_in_flight_on_the_others(
+    cluster: RedisCluster,
+) -> None:
+    """redis-py 8.1 answers a pipeline's connection error with the client's ``aclose()``,
+    which closed every connection of every node, also one whose command another task had
+    sent and awaited the reply of: a publish on a healthy primary then lost its reply
+    (503 ``outcome_unknown`` on a session the failover had nothing to do with). A command
+    held in flight by the healthy primary itself (a ``BLPOP`` it answers when the test
+    pushes), sent with its node named as a publish is (so redis-py sends nothing twice),
+    must get its answer."""
+    target = RedisTarget(
+        url="redis://", cluster=tuple(("127.0.0.1", n.port) for n in cluster.nodes)
+    )
+    # (a long read timeout: the BLPOP is answered by the test, not by a timeout)
+    client = async_cluster(target, max_connections=8, connect_timeout_s=1.0, socket_timeout_s=60)
+    try:
+        await client.initialize()
+        victim = int(client.get_default_node().port)
+        keys = _key_per_primary(cluster)
+        port, key = next((port, key) for port, key in keys.items() if port != victim)
+        node = client.get_node_from_key(key)
+        in_flight = asyncio.create_task(client.execute_command("BLPOP", key, 50, target_nodes=node))
+        with cluster.node(port).client(timeout_s=10) as plain:
+            blocked = partial(lambda c: int(c.info("clients")["blocked_clients"]) == 1, plain)
+            assert await asyncio.to_thread(wait_for, blocked, 20.0), "the BLPOP never arrived"
+            _kill_for_good(cluster, victim)
+
+            pipe = client.pipeline(transaction=False)  # reaches the dead node: a refresh
+            pipe.set(keys[victim], b"1")
+            pipe.set(f"{key}:pipelined", b"1")  # (the same slot as the BLPOP's key)
+            with pytest.raises((redis_errors.ConnectionError, redis_errors.ClusterDownError)):
+                await pipe.execute()
+
+            plain.rpush(key, b"answer")
+            assert list(await asyncio.wait_for(in_flight, 30)) == [key.encode(), b"answer"]
     finally:
         await _close(client)
 
