@@ -237,8 +237,9 @@ async def test_a_committed_batch_larger_than_the_byte_cap_does_not_evict_a_reade
     make_session: Any, stream_of: Any
 ) -> None:
     # Issue 23: 9,000 events of about 300 B (2.6 MB, past the 2 MiB byte cap) committed at
-    # once, default caps. The commit is handed to the bus a slice per loop turn, and the
-    # pump writes each slice before the next: nobody is warned or evicted.
+    # once, default caps. The commit is handed to the bus a slice per loop turn, the pump
+    # writes each slice before the next, and the byte cap waits for the grace like
+    # maxQueued: nobody is warned or evicted.
     stream = await _release_one_commit(make_session, stream_of, 9000, "", pad=200)
     assert not {"client_evicted", "slow_client_warning"} & set(stream.types)
     assert _ids(stream.frames) == list(range(1, 9001))
