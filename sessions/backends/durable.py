@@ -9,9 +9,10 @@ log, and a restarted process serves a session's ring from the log on first use (
 Publishing (docs/protocol.md, "Durable history")
     The id is assigned on the loop, the event goes to the log's writer thread, and the
     bus gets it only after its commit (:meth:`EventBus.ingest`, in id order, from the
-    commit's callback): a subscriber never receives an event a crash could take back, and
-    a committed batch reaches the bus through the same entry point as the Redis mirror's
-    catch-up. :meth:`publish` answers after the commit; an ``Idempotency-Key`` is
+    commit's callbacks, a slice per loop turn: :mod:`~sessions.backends.event_log`): a
+    subscriber never receives an event a crash could take back, and a committed batch
+    reaches the bus through the same entry point as the Redis mirror's catch-up.
+    :meth:`publish` answers after the commit; an ``Idempotency-Key`` is
     committed in the same transaction as its event. :meth:`publish_nowait` (in-process
     publishers) never raises nor blocks: the event waits in a bounded pending buffer
     (:data:`MAX_PENDING`); past it the event is dropped, counted and logged.

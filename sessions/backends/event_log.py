@@ -11,6 +11,15 @@ Concurrency model
     deliver committed events to the bus in id order even when the awaiting task was
     cancelled meanwhile.
 
+Release in slices
+    A commit's outcomes are handed back at most :data:`RELEASE_SLICE` operations (or
+    :data:`RELEASE_SLICE_BYTES` of event bodies, at least one operation) per loop turn,
+    the rest in the next turns, still in submission order behind those of earlier
+    commits. A commit of 10,000 events thus never holds the loop for one long callback,
+    and the tasks its first slice woke (the streams' pumps) run before the next slice: a
+    subscriber that keeps up takes a commit a slice at a time, not all at once (EB-3,
+    issue 23).
+
 Group commit
     The writer takes the first waiting operation, then everything else that is already
     waiting (up to :data:`MAX_BATCH`), and runs them in one ``BEGIN IMMEDIATE`` ...
@@ -48,12 +57,15 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "RELEASE_SLICE",
+    "RELEASE_SLICE_BYTES",
     "Append",
     "CloseSession",
     "EventLog",
@@ -88,6 +100,12 @@ logger = logging.getLogger("qwenweb.event_log")
 
 MAX_BATCH: Final = 10_000
 """The most operations one commit takes (a burst beyond it goes into the next one)."""
+RELEASE_SLICE: Final = 256
+"""Outcomes handed back to the loop per loop turn at most (module docstring)."""
+RELEASE_SLICE_BYTES: Final = 64 * 1024
+"""Bytes of appended event bodies handed back per loop turn, at most this plus one event:
+a subscriber's queue grows by no more than that per turn while its pump waits on one
+``send`` (a 32nd of the default byte cap, a quarter of what the pump writes at once)."""
 CHECKPOINT_EVERY_COMMITS: Final = 200
 CHECKPOINT_INTERVAL_S: Final = 1.0
 """A passive WAL checkpoint after this many commits (SQLite's own is every 1000 pages)."""
@@ -170,6 +188,9 @@ class EventLog:
         self.stats = LogStats()
         self.generation = 0
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        # Outcomes committed (or failed) but not yet handed back, oldest first (on the loop).
+        self._outcomes: deque[tuple[_Item, BaseException | None]] = deque()
+        self._releasing = False
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
@@ -238,7 +259,7 @@ class EventLog:
         """:meth:`submit` without a future (in-process publishers): only ``on_done``."""
         item = _Item(op, None, on_done)
         if self._closed:
-            self._finish([item], EventLogError(f"event log {self.path} is closed"))
+            self._release([item], EventLogError(f"event log {self.path} is closed"))
         else:
             self._queue.put(item)
 
@@ -253,27 +274,52 @@ class EventLog:
         future: asyncio.Future[Any] = self.loop.create_future()
         item = _Item(op, future, on_done)
         if self._closed:
-            self._finish([item], EventLogError(f"event log {self.path} is closed"))
+            self._release([item], EventLogError(f"event log {self.path} is closed"))
         else:
             self._queue.put(item)
         return future
 
-    def _finish(self, items: list[_Item], error: BaseException | None = None) -> None:
-        for item in items:
-            if error is not None and item.error is None:
-                item.error = error
-            if item.on_done is not None:
-                try:
-                    item.on_done(item.result, item.error)
-                except Exception:
-                    logger.exception("event_log_callback_failed")
-            future = item.future
-            if future is not None and not future.done():
-                if item.error is not None:
-                    future.set_exception(item.error)
-                    future.exception()  # (retrieved: a cancelled waiter must not warn)
-                else:
-                    future.set_result(item.result)
+    @staticmethod
+    def _finish(item: _Item, error: BaseException | None) -> None:
+        """Hand back one outcome: ``on_done``, then the future (``error`` if it has none)."""
+        if error is not None and item.error is None:
+            item.error = error
+        if item.on_done is not None:
+            try:
+                item.on_done(item.result, item.error)
+            except Exception:
+                logger.exception("event_log_callback_failed")
+        future = item.future
+        if future is not None and not future.done():
+            if item.error is not None:
+                future.set_exception(item.error)
+                future.exception()  # (retrieved: a cancelled waiter must not warn)
+            else:
+                future.set_result(item.result)
+
+    def _release(self, items: list[_Item], error: BaseException | None) -> None:
+        """On the loop: queue outcomes (a commit's) behind the earlier ones not yet handed
+        back, and hand back the first slice now unless a release is under way. ``error``
+        is the outcome of those without one of their own."""
+        self._outcomes.extend((item, error) for item in items)
+        if not self._releasing:
+            self._release_slice()
+
+    def _release_slice(self) -> None:
+        """Hand back one slice of outcomes (module docstring); the rest in a later turn."""
+        outcomes = self._outcomes
+        self._releasing = True  # (an on_done that submits to a closed log only queues)
+        count = nbytes = 0
+        while outcomes and count < RELEASE_SLICE and nbytes < RELEASE_SLICE_BYTES:
+            item, error = outcomes.popleft()
+            self._finish(item, error)
+            count += 1
+            if isinstance(item.op, Append):
+                nbytes += len(item.op.body)
+        if outcomes:  # (call_soon: the tasks this slice woke run before the next one)
+            self.loop.call_soon(self._release_slice)
+        else:
+            self._releasing = False
 
     # -- the writer thread ---------------------------------------------------------------
 
@@ -505,7 +551,7 @@ class EventLog:
             if self._commits % 20 == 0:
                 self._measure()
         try:
-            self.loop.call_soon_threadsafe(self._finish, batch, error)
+            self.loop.call_soon_threadsafe(self._release, batch, error)
         except RuntimeError:  # the loop is closed (a test's, or shutdown): nobody waits
             logger.debug("event_log_outcome_dropped reason=loop_closed count=%d", len(batch))
 

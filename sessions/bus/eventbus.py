@@ -15,8 +15,9 @@ Overflow policy (EB-3 ... EB-5)
     75 % of either cap the subscriber gets one ``slow_client_warning`` (re-armed at
     37.5 %); a live frame that does not fit evicts it: it gets a ``client_evicted``
     terminal frame after what is already queued, and is removed from the bus at once.
-    With ``overflow_grace_s`` the warning and the frame cap wait until the subscriber's
-    consumer has stayed away that long (``queue``: no eviction without a slow reader).
+    With ``overflow_grace_s`` the warning and both caps wait until the subscriber's
+    consumer has stayed away that long, the byte cap up to ``GRACE_BYTES_RATIO`` times
+    itself (``queue``: no eviction without a slow reader).
     Replay and synthetic frames are *forced*: they bypass both caps and never count
     toward them. One slow subscriber never slows the publisher or its siblings.
 
@@ -122,7 +123,7 @@ class EventBus:
         ring_max_age_s: seconds an event stays in the ring at most; 0: no age limit.
         budget: the process's :class:`RingBudget` the ring counts against, or None.
         overflow_grace_s: seconds (``>= 0``) a subscriber's queue may stay past 75 % of a
-            cap while its consumer is away before the warning and the frame cap apply
+            cap while its consumer is away before the warning and the caps apply
             (:mod:`sessions.bus.queue`); 0, the default: at once (strict).
         gap: a forked epoch's ``(fork id, first own id)`` (EB-23): the ids between are
             never issued in this epoch, so the event after ``fork id`` is ``first own id``

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_RING_MAX_BYTES",
     "DEFAULT_RING_SIZE",
     "EVENT_SCHEMA_VERSION",
+    "GRACE_BYTES_RATIO",
     "MAX_EVENT_RING_SIZE",
     "MAX_QUEUED_MAX",
     "MAX_QUEUED_MIN",
@@ -51,13 +52,19 @@ DEFAULT_MAX_QUEUED_BYTES: Final = 2 * 1024 * 1024
 
 DEFAULT_OVERFLOW_GRACE_S: Final = 1.0
 """Seconds a queue may stay past 75 % of a cap while its consumer is away in one ``send``
-before the subscriber counts as slow (warned, then evicted at ``maxQueued``) (EB-3, EB-4).
+before the subscriber counts as slow (warned, then evicted at either cap) (EB-3, EB-4).
 
 A reader that keeps up comes back for frames within milliseconds (under granian a
 ``send`` returns only once the server's thread gets the interpreter lock back: 2-4 ms
 measured while a publisher holds the loop), so this only has to outlast the server's own
-latency: a pause of the process, a catch-up batch, a garbage collection. The byte cap
-stays hard whatever the grace, which bounds the memory a subscriber holds."""
+latency: a pause of the process, a catch-up batch, a durable commit, a garbage
+collection. The byte cap waits for it too, up to :data:`GRACE_BYTES_RATIO` times the cap."""
+
+GRACE_BYTES_RATIO: Final = 2
+"""Within the overflow grace a subscriber's live frames may pass its byte cap
+(``MAX_QUEUED_BYTES``) up to this many times the cap; a push past that is refused at once,
+whatever the grace (``queue_bytes_overflow``, EB-3). So a subscriber holds at most this
+many times its byte cap of live frames (4 MiB by default), plus the batch its pump writes."""
 
 DEFAULT_MAX_SUBSCRIBERS: Final = 64
 """Concurrent subscribers per session (EB-1, EB-6, EB-16)."""

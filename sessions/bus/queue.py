@@ -11,16 +11,18 @@ Overflow and forced frames (EB-3 ... EB-5)
     already waiting is not sized at all.
 
 No eviction without a slow reader (EB-3, EB-4)
-    The warning and the ``maxQueued`` cap judge the reader, not the server: with an
+    The warning and both caps judge the reader, not the server: with an
     ``overflow_grace_s`` above 0 they apply only once the queue has stayed past 75 % of a
     cap for that long while the consumer did not come back for frames (it is away in one
-    ``send`` that its connection blocks). Until then live frames past ``maxQueued`` are
-    queued. Frames that piled up behind a ``send`` that then returned, or behind a burst
-    released at once (a mirror's catch-up, a pause of the process), start a new episode
-    each time the consumer comes back, so a reader that keeps up is never warned or
-    evicted. The byte cap stays hard (memory per subscriber: ``max_queued_bytes`` plus
-    the batch its consumer holds). ``overflow_grace_s == 0`` is the strict rule: the caps
-    apply at once, whatever the consumer does.
+    ``send`` that its connection blocks). Until then live frames past ``maxQueued``, and
+    past ``max_queued_bytes`` up to :data:`~sessions.bus.limits.GRACE_BYTES_RATIO` times
+    it, are queued; a push past that ceiling is refused at once (memory per subscriber:
+    that ceiling plus the batch its consumer holds). Frames that piled up
+    behind a ``send`` that then returned, or behind a burst released at once (a mirror's
+    catch-up, a durable commit, a pause of the process), start a new episode each time
+    the consumer comes back, so a reader that keeps up is never warned or evicted.
+    ``overflow_grace_s == 0`` is the strict rule: the caps apply at once, whatever the
+    consumer does.
 
 Like the bus (EB-11), a subscription belongs to one event loop and is not thread-safe.
 It knows its bus only through the narrow :class:`_Owner` protocol, so this module does
@@ -39,7 +41,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol
 
 from sessions.bus.frame import Frame, synthetic_frame
-from sessions.bus.limits import WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
+from sessions.bus.limits import GRACE_BYTES_RATIO, WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
 
 __all__ = ["Subscription", "SubscriptionStats"]
 
@@ -91,7 +93,8 @@ class Subscription:
     Attributes:
         label: what log lines call this subscriber (``subscriber=<label>``).
         max_queued: cap on live frames queued (EB-3).
-        max_queued_bytes: cap on live serialized bytes queued (EB-3).
+        max_queued_bytes: cap on live serialized bytes queued (EB-3); within the grace
+            up to ``GRACE_BYTES_RATIO`` times it.
         overflow_grace_s: how long the queue may stay past 75 % of a cap while the
             consumer is away before the subscriber counts as slow (module docstring); 0:
             the caps apply at once.
@@ -325,8 +328,12 @@ class Subscription:
             return None
         if self._live_count >= self.max_queued and self._blocked():
             return "queue_overflow"
-        if self._live_count > 0 and self._live_bytes + frame.nbytes > self.max_queued_bytes:
-            return "queue_bytes_overflow"
+        if self._live_count > 0:
+            nbytes = self._live_bytes + frame.nbytes
+            if nbytes > self.max_queued_bytes and (
+                nbytes > GRACE_BYTES_RATIO * self.max_queued_bytes or self._blocked()
+            ):
+                return "queue_bytes_overflow"
         self._items.append(_Item(frame, live=True))
         self._live_count += 1
         self._live_bytes += frame.nbytes

@@ -239,8 +239,8 @@ def test_a_paused_page_says_within_5_s_that_the_server_evicted_its_reader(
     expect(page.locator("#paused-chip")).to_have_text("paused · evicted")
     screenshot(page, "session-page-paused-evicted")
     page.click("#pause")  # resume: the backlog, the eviction frame, the reconnect
-    # Either cap may be the one that evicted: maxQueued waits OVERFLOW_GRACE_S, the 2 MiB
-    # byte cap does not (EB-4, EB-5).
+    # Either cap may be the one that evicted: both wait OVERFLOW_GRACE_S, the byte cap
+    # only up to twice its 2 MiB (EB-3, EB-5).
     overflow = re.compile(r"queue_(bytes_)?overflow")
     expect(page.locator("#last-evicted")).to_contain_text(overflow, timeout=20_000)
     view.expect_state("open", timeout_ms=20_000)

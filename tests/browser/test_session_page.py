@@ -360,7 +360,8 @@ def test_pause_reading_with_small_max_queued_warns_then_evicts_then_recovers_wit
     page.click("#pause")
     expect(page.locator("#paused-chip")).to_be_visible()
     # 16 frames of ~120 KB come close to the 2 MiB byte cap: which cap trips depends on
-    # the pace, since maxQueued=16 waits OVERFLOW_GRACE_S while the byte cap is hard (EB-3).
+    # the pace, since both wait OVERFLOW_GRACE_S but the byte cap is hard at twice itself
+    # (EB-3).
     # The kernel's socket buffers (here up to 32 MiB + 4 MiB) and Chromium's fill first.
     # Random text, a new one per event: the page's stream is gzipped (EB-17), and a run of
     # one letter would shrink a thousandfold before it reached the socket.

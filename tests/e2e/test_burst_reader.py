@@ -6,10 +6,12 @@ sockets, far faster than the server writes). As soon as its stream's headers arr
 server publishes 20,000 events of 200 B on its own loop, yielding after each
 (``/bench/burst``). Under granian a ``send`` returns only once granian's thread gets the
 interpreter lock back (2-4 ms measured while the publisher holds the loop), long enough
-for 256 frames to queue behind it: that is the server's latency, not a slow reader, so
-nobody may be warned or evicted. The control runs the strict cap (``OVERFLOW_GRACE_S=0``,
-the rule before) and must evict: it proves the test can fail. ``bench.run --only burst``
-runs the same burst ten times.
+for 256 frames to queue behind it; and the durable log (the default backend) commits the
+burst in groups of up to 10,000 events, handed to the bus a slice per loop turn. That is
+the server's latency and batching, not a slow reader, so nobody may be warned or evicted.
+The control runs the same checks under the strict caps (``OVERFLOW_GRACE_S=0``, the
+rule before), where the reader is warned: it proves the test can fail. ``bench.run
+--only S9`` runs the same burst ten times.
 """
 
 from __future__ import annotations
@@ -64,26 +66,31 @@ def _burst_once(database: Path, log: Path, **extra_env: str) -> dict[str, Any]:
         server.stop()
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issues 23, 24): on a quiet machine the durable log's commit releases up to "
-    "10,000 pending events at once, and the 2 MiB byte cap, which the overflow grace does not "
-    "cover, evicts the reader (queue_bytes_overflow); it passes where commits come more often",
-)
-def test_fast_reader_of_a_20000_event_burst_is_neither_warned_nor_evicted(
-    e2e_database: Path, tmp_path: Path
-) -> None:
-    result = _burst_once(e2e_database, tmp_path / "serve.log")
+def _assert_untouched(result: dict[str, Any]) -> None:
+    """Every event delivered once, and the reader neither warned nor evicted."""
+    assert result["trigger"].get("refused") == 0, result  # (publish_nowait's buffer was full)
     assert result["evicted_subs"] == 0, result
     assert "slow_client_warning" not in result["frame_types"], result
     assert (result["complete_subs"], result["lost_silent"], result["dup"]) == (1, 0, 0), result
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.xfail(strict=True, reason="control: the strict cap (OVERFLOW_GRACE_S=0) evicts")
-def test_control_strict_cap_evicts_the_fast_reader_of_a_burst(
+def test_fast_reader_of_a_20000_event_burst_is_neither_warned_nor_evicted(
     e2e_database: Path, tmp_path: Path
 ) -> None:
-    result = _burst_once(e2e_database, tmp_path / "serve.log", QWENWEB_OVERFLOW_GRACE_S="0")
-    assert result["evicted_subs"] == 0, result
+    _assert_untouched(_burst_once(e2e_database, tmp_path / "serve.log"))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.xfail(
+    strict=True, reason="control: under the strict caps (OVERFLOW_GRACE_S=0) it is warned"
+)
+def test_control_strict_caps_warn_the_fast_reader_of_a_burst(
+    e2e_database: Path, tmp_path: Path
+) -> None:
+    # The same checks under the rule before the grace: 192 frames (75 % of 256) queue
+    # behind one send, and the reader is warned (evicted too in about half the runs: the
+    # durable commits reach the bus a slice per loop turn, so the pump keeps up more often).
+    _assert_untouched(
+        _burst_once(e2e_database, tmp_path / "serve.log", QWENWEB_OVERFLOW_GRACE_S="0")
+    )

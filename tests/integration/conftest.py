@@ -29,7 +29,7 @@ from django.test import AsyncClient, Client
 
 from qwenweb.asgi import application
 from sessions.auth import issue_token
-from sessions.backends import get_backend
+from sessions.backends import event_log, get_backend
 from sessions.backends.base import LiveSession
 from sessions.conf import get_config
 from sessions.models import AgentSession
@@ -443,7 +443,8 @@ async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
     The stream's pump cannot run in between, so the frames pile up in the subscriber
     queue exactly as they would behind a client that stops reading (EB-3, EB-4).
     Memory backend: published on the bus directly (no await); durable backend: in one
-    commit, delivered in one callback. Redis backend: published
+    commit, handed to the bus in one callback (the log's release slices lifted for it: in
+    slices, the pump would take each before the next). Redis backend: published
     through Redis while this process's reader does not watch the session, then handed to
     the mirror in one reader callback (``RedisBackend._on_entries``), as one ``XREAD`` would.
     """
@@ -454,16 +455,19 @@ async def burst(session_id: str, count: int, event_type: str = "burst") -> None:
         # The durable backend delivers after the commit: the writer waits while the events
         # are submitted, so that they reach the bus in one commit, with no yield between.
         log = getattr(get_backend(), "log", None)
-        if log is not None:
-            log.pause()
-        try:
-            for event in events:
-                assert backend.as_memory().publish_nowait(live, event) is not None
-        finally:
+        with pytest.MonkeyPatch.context() as patch:
             if log is not None:
-                log.resume()
-        if log is not None:
-            await log.submit(lambda conn: None)  # every event before it is delivered
+                patch.setattr(event_log, "RELEASE_SLICE", count + 1)
+                patch.setattr(event_log, "RELEASE_SLICE_BYTES", 2**62)
+                log.pause()
+            try:
+                for event in events:
+                    assert backend.as_memory().publish_nowait(live, event) is not None
+            finally:
+                if log is not None:
+                    log.resume()
+            if log is not None:
+                await log.submit(lambda conn: None)  # every event before it is delivered
         return
     store = backend.as_redis().store()
     after = live.bus.last_event_id

@@ -203,20 +203,24 @@ async def test_a_closed_sessions_history_past_the_retention_is_not_served_after_
     assert (page["epoch"], page["events"]) == (None, [])
 
 
-async def _release_one_commit_of_40(make_session: Any, stream_of: Any) -> Any:
-    """A reader with maxQueued=16, then one commit of 40 events released to it at once."""
+async def _release_one_commit(
+    make_session: Any, stream_of: Any, count: int = 40, query: str = "maxQueued=16", pad: int = 0
+) -> Any:
+    """A reader (``query``), then one commit of ``count`` events (``pad`` bytes of data
+    each) released to it at once."""
     sid = await make_session()
-    stream = await stream_of(sid, query="maxQueued=16")
+    stream = await stream_of(sid, query=query)
     backend = durable()
     live = await backend.get_live_session(sid)
     assert backend.log is not None
     backend.log.pause()
     try:
-        for n in range(40):  # a commit of 40 events, the reader's queue holds 16
-            assert backend.publish_nowait(live, {"type": "step", "data": n}) is not None
+        for n in range(count):  # one commit of them all (below MAX_PENDING)
+            event = {"type": "step", "data": {"n": n, "pad": "x" * pad}}
+            assert backend.publish_nowait(live, event) is not None
     finally:
         backend.log.resume()
-    await stream.read_until(lambda s: len(_ids(s.frames)) == 40 or "client_evicted" in s.types)
+    await stream.read_until(lambda s: len(_ids(s.frames)) == count or "client_evicted" in s.types)
     return stream
 
 
@@ -224,9 +228,21 @@ async def test_a_committed_batch_larger_than_the_queue_does_not_evict_a_reader_t
     make_session: Any, stream_of: Any
 ) -> None:
     # EB-4/EB-5 with OVERFLOW_GRACE_S: a burst released at once is not a slow reader.
-    stream = await _release_one_commit_of_40(make_session, stream_of)
+    stream = await _release_one_commit(make_session, stream_of)
     assert "client_evicted" not in stream.types
     assert _ids(stream.frames) == list(range(1, 41))
+
+
+async def test_a_committed_batch_larger_than_the_byte_cap_does_not_evict_a_reader_that_kept_up(
+    make_session: Any, stream_of: Any
+) -> None:
+    # Issue 23: 9,000 events of about 300 B (2.6 MB, past the 2 MiB byte cap) committed at
+    # once, default caps. The commit is handed to the bus a slice per loop turn, the pump
+    # writes each slice before the next, and the byte cap waits for the grace like
+    # maxQueued: nobody is warned or evicted.
+    stream = await _release_one_commit(make_session, stream_of, 9000, "", pad=200)
+    assert not {"client_evicted", "slow_client_warning"} & set(stream.types)
+    assert _ids(stream.frames) == list(range(1, 9001))
 
 
 @pytest.mark.usefixtures("strict_caps")
@@ -234,7 +250,7 @@ async def test_control_the_strict_cap_evicts_the_reader_of_a_committed_batch(
     make_session: Any, stream_of: Any
 ) -> None:
     # The control (OVERFLOW_GRACE_S=0): the same release overflows the 16-frame queue.
-    stream = await _release_one_commit_of_40(make_session, stream_of)
+    stream = await _release_one_commit(make_session, stream_of)
     assert "client_evicted" in stream.types
 
 

@@ -16,6 +16,8 @@ import pytest
 import pytest_asyncio
 
 from sessions.backends.event_log import (
+    RELEASE_SLICE,
+    RELEASE_SLICE_BYTES,
     Append,
     EventLog,
     EventLogError,
@@ -86,6 +88,108 @@ async def test_outcomes_arrive_in_submission_order_before_the_futures(log: Event
     async with asyncio.timeout(WAIT_S):
         await futures[0]
     assert seen == list(range(1, 21))
+
+
+class Turns:
+    """Counts loop turns: a task that adds one each time it runs (``asyncio.sleep(0)``)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            self.now += 1
+            await asyncio.sleep(0)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def _slices(turns_seen: list[int]) -> list[int]:
+    """How many outcomes came back in each loop turn, in order."""
+    counts: dict[int, int] = {}
+    for turn in turns_seen:
+        counts[turn] = counts.get(turn, 0) + 1
+    return list(counts.values())
+
+
+class Handovers:
+    """The log's loop, counting the outcomes the writer handed to it (its thread calls
+    ``call_soon_threadsafe`` once per commit); everything else goes to the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> Any:
+        handle = self.loop.call_soon_threadsafe(callback, *args)
+        self.count += 1
+        return handle
+
+
+def _commit_while_the_loop_waits(
+    log: EventLog,
+    ops: list[list[Append]],
+    seen: Callable[[Append], Callable[[Any, BaseException | None], None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[asyncio.Future[Any]]:
+    """Submit each list of ``ops`` as one commit and hold the loop until the writer handed
+    every commit's outcomes over (so they wait together); return the futures."""
+    handovers = Handovers(log.loop)
+    monkeypatch.setattr(log, "loop", handovers)
+    futures = []
+    deadline = time.monotonic() + WAIT_S
+    for batch in ops:
+        log.pause()
+        futures += [log.submit(op, seen(op)) for op in batch]
+        log.resume()
+        expected = handovers.count + 1
+        while handovers.count < expected:  # (the loop waits here: nothing is handed back)
+            assert time.monotonic() < deadline, "the writer did not commit"
+            time.sleep(0.001)
+    return futures
+
+
+async def test_a_large_commit_comes_back_a_slice_per_loop_turn_in_order(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 23: a commit of 10,000 events must not reach the bus in one callback.
+    await _opened(log)
+    turns = Turns()
+    seen: list[tuple[int, int]] = []
+
+    def noting(op: Append) -> Callable[[Any, BaseException | None], None]:
+        return lambda _result, _error: seen.append((op.event_id, turns.now))
+
+    first = [Append("s", n, "note", b"{}") for n in range(1, 601)]
+    second = [Append("s", n, "note", b"{}") for n in range(601, 611)]
+    futures = _commit_while_the_loop_waits(log, [first, second], noting, monkeypatch)
+    async with asyncio.timeout(WAIT_S):
+        await asyncio.gather(*futures)
+    turns.stop()
+    assert [n for n, _turn in seen] == list(range(1, 611))  # the second commit behind
+    assert _slices([turn for _n, turn in seen]) == [RELEASE_SLICE, RELEASE_SLICE, 98]
+
+
+async def test_a_slice_holds_at_most_its_bytes_plus_one_event(
+    log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _opened(log)
+    turns = Turns()
+    seen: list[int] = []
+    body = b"x" * (RELEASE_SLICE_BYTES // 3 + 1)  # three of them pass the slice's bytes
+    ops = [Append("s", n, "note", body) for n in range(1, 9)]
+    futures = _commit_while_the_loop_waits(
+        log, [ops], lambda _op: lambda _result, _error: seen.append(turns.now), monkeypatch
+    )
+    async with asyncio.timeout(WAIT_S):
+        await asyncio.gather(*futures)
+    turns.stop()
+    assert _slices(seen) == [3, 3, 2]
 
 
 async def test_a_second_writer_is_refused_naming_the_file(log: EventLog) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import sessions.bus.queue as queue_module
-from sessions.bus import EventBus, Frame, Subscription
+from sessions.bus import GRACE_BYTES_RATIO, EventBus, Frame, Subscription
 from sessions.transport.pump import pump_frames
 
 pytestmark = pytest.mark.asyncio
@@ -106,16 +106,47 @@ async def test_consumer_away_past_the_grace_is_warned_then_evicted(clock: Clock)
     assert frames[-2]["data"]["lastEventId"] == 11
 
 
-async def test_byte_cap_stays_hard_within_the_grace(clock: Clock):
-    # Memory per subscriber stays bounded: max_queued_bytes, whatever the grace.
+async def test_burst_past_the_byte_cap_released_at_once_neither_warns_nor_evicts(clock: Clock):
+    # EB-3: the byte cap waits for the grace too (a durable commit released at once).
     bus = graced_bus(max_queued_bytes=400)
     sub = bus.subscribe(max_queued=1000)
-    publish_n(bus, 20)  # about 60 B each
+    publish_n(bus, 10)  # about 60 B each: past 400 B, within twice it
+    clock.now += 10 * GRACE_S
+    frames = await take_all(sub)
+    assert [frame.id for frame in frames] == list(range(1, 11))
+    assert not sub.evicted
+    assert bus.stats().slow_client_warnings == 0
+
+
+async def test_byte_cap_is_hard_at_its_ceiling_within_the_grace(clock: Clock):
+    # Memory per subscriber stays bounded: GRACE_BYTES_RATIO × max_queued_bytes at most.
+    bus = graced_bus(max_queued_bytes=400)
+    sub = bus.subscribe(max_queued=1000)
+    publish_n(bus, 20)  # about 60 B each: past the ceiling of 800 B
     assert sub.evicted
     frames = await take_all(sub)
+    assert types(frames)[-2:] == ["slow_client_warning", "client_evicted"]
     evicted = frames[-1]["data"]
     assert evicted["reason"] == "queue_bytes_overflow"
-    assert sum(frame.nbytes for frame in frames if frame.id is not None) <= 400
+    queued = sum(frame.nbytes for frame in frames if frame.id is not None)
+    assert 400 < queued <= GRACE_BYTES_RATIO * 400
+    assert evicted["queuedBytes"] == queued
+
+
+async def test_consumer_away_past_the_grace_is_evicted_at_the_byte_cap(clock: Clock):
+    bus = graced_bus(max_queued_bytes=400)
+    sub = bus.subscribe(max_queued=1000)
+    publish_n(bus, 1)
+    assert (await sub.next_frame(0)) is not None
+    publish_n(bus, 5)  # 75 % of 400 B passed: the episode starts
+    clock.now += GRACE_S
+    publish_n(bus, 3)  # past 400 B, the consumer away for the grace
+    assert sub.evicted
+    frames = await take_all(sub)
+    assert types(frames)[-2:] == ["slow_client_warning", "client_evicted"]
+    evicted = frames[-1]["data"]
+    assert evicted["reason"] == "queue_bytes_overflow"
+    assert evicted["queuedBytes"] <= 400
 
 
 async def test_zero_grace_is_the_strict_cap(clock: Clock):
