@@ -45,6 +45,35 @@ def test_tail_session_resumes_after_cursor(
     assert lines[7].split()[:2] == ["-", "replay_complete"]
 
 
+def test_tail_session_resumes_in_its_epoch_and_resyncs_in_another(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    # EB-7: `--epoch` goes with `--last-event-id`: the session's epoch replays 3 ... 5,
+    # another epoch starts with state_resync_required (never a silent gap).
+    session = RemoteSession.create(daphne_server.base_url)
+    for n in range(5):
+        session.publish("note", {"n": n})
+    epoch = session.load()["epoch"]
+    args = [
+        "tail_session", session.id, "--url", daphne_server.base_url,
+        "--token", session.read_token, "--last-event-id", "2",
+    ]  # fmt: skip
+    same = manage(e2e_database, *args, "--epoch", epoch, "--max-events", "4")
+    assert same.returncode == 0, same.stderr
+    assert [line.split()[:2] for line in same.stdout.splitlines()] == [
+        ["3", "note"], ["4", "note"], ["5", "note"], ["-", "replay_complete"],
+    ]  # fmt: skip
+    other = manage(e2e_database, *args, "--epoch", "another-epoch", "--max-events", "1")
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split()[:2] == ["-", "state_resync_required"], other.stdout
+    bad = manage(e2e_database, "tail_session", session.id, "--token", "t", "--epoch", "x y")
+    assert bad.returncode != 0
+    assert "--epoch must be" in bad.stderr, bad.stderr
+    alone = manage(e2e_database, "tail_session", session.id, "--token", "t", "--epoch", "e")
+    assert alone.returncode != 0
+    assert "needs --last-event-id" in alone.stderr, alone.stderr
+
+
 def test_tail_session_reconnects_and_stops_on_204(
     daphne_server: ServerProcess, e2e_database: Path
 ) -> None:

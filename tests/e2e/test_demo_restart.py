@@ -115,6 +115,50 @@ async def test_make_demo_twice_continues_the_session_with_its_history(tmp_path: 
     assert replayed[-1] > before  # the missed events of the first run and the second's
 
 
+async def test_a_second_demo_on_a_held_log_is_refused_before_it_makes_a_session(
+    tmp_path: Path,
+) -> None:
+    """A second ``make demo`` on another port while the first runs: the durable log is
+    held, so it stops with that one line and makes no session; the next demo after the
+    first stopped still continues the first one's session (it did not before: the refused
+    run's new, empty session was the newest open one)."""
+    env = server_env(tmp_path / "db.sqlite3")
+    env.pop("QWENWEB_EVENT_LOG_PATH")  # the default: beside the database
+    env.pop("QWENWEB_BACKEND", None)  # the default backend
+    port = free_port()
+    first = Demo(env, port)
+    try:
+        session_id, token = first.field("session"), first.field("read token")
+        snapshot_url = f"http://127.0.0.1:{port}/session/{session_id}"
+        # Serving, and its agent published through the log: the log is held.
+        assert wait_for(lambda: _last_id(snapshot_url, token) >= 1, WAIT_S), first.output[-2000:]
+        second = Demo(env, free_port())
+        try:
+            assert second.process.wait(WAIT_S) != 0, second.output[-2000:]
+        finally:
+            second.stop()
+        assert "in use by another process" in second.output, second.output[-2000:]
+        assert "read token" not in second.output, second.output[-2000:]
+        assert _demo_sessions(tmp_path) == [session_id]
+    finally:
+        first.stop()
+    third = Demo(env, port)
+    try:
+        assert third.field("session") == session_id, third.output[-2000:]
+    finally:
+        third.stop()
+
+
+def _demo_sessions(tmp_path: Path) -> list[str]:
+    """The ids of the sessions in the test's database (its SQLite file, read directly)."""
+    import sqlite3
+    import uuid
+
+    with sqlite3.connect(tmp_path / "db.sqlite3") as conn:
+        rows = conn.execute("SELECT id FROM agent_sessions_agentsession").fetchall()
+    return [str(uuid.UUID(row[0])) for row in rows]  # (SQLite keeps a UUID as 32 hex digits)
+
+
 def _last_id(url: str, token: str) -> int:
     try:
         return int(get_json(url, token)["lastEventId"] or 0)

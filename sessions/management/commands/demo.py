@@ -35,7 +35,8 @@ from django.core.management.base import CommandParser
 from django.utils import timezone
 
 from sessions.auth import issue_current_token
-from sessions.backends import rows
+from sessions.backends import check_can_start, rows
+from sessions.backends.errors import BackendStartError
 from sessions.conf import get_config
 from sessions.models import AgentSession
 from sessions.ops.parent_death import PARENT_PID_ENV
@@ -53,6 +54,9 @@ STOP_TIMEOUT_S = 30.0
 
 class Command(BaseCommand):
     help = "Set up demo data, start the server and stream a demo agent session."
+
+    #: The session this run created (None when it reused one): see :meth:`_drop_new_session`.
+    _new_session: AgentSession | None = None
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--addr", default="127.0.0.1", help="bind address (127.0.0.1)")
@@ -72,6 +76,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         _check_port_free(options["addr"], options["port"])
         call_command("migrate", verbosity=0, interactive=False)
+        try:  # e.g. the durable log held by another demo: refused before making a session
+            check_can_start()
+        except BackendStartError as exc:
+            raise CommandError(str(exc)) from None
         user = self._demo_user()
         session = self._demo_session(user)
         tls_note, server_argv = "", [
@@ -124,6 +132,8 @@ Watch the session live (Ctrl-C stops curl; `: heartbeat` lines are keep-alives):
   {curl} -N -H {bearer} {events}
 Resume exactly after event 40 (replay, then `replay_complete`, then live):
   {curl} -N -H {bearer} -H 'Last-Event-ID: 40' {events}
+  (with the epoch of that cursor too, from `curl -i`'s X-Event-Epoch header:
+   add -H 'X-Event-Epoch: <epoch>'; another epoch answers state_resync_required)
 Or with the terminal client (reconnects by itself with Last-Event-ID):
   {python} manage.py tail_session {session.id} --url {base} --token {read}
 {tls_note}"""
@@ -143,7 +153,11 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
         )
         watcher = _ServerWatcher(server)
         try:
-            self._wait_until_up(base, server)
+            try:
+                self._wait_until_up(base, server)
+            except CommandError:
+                self._drop_new_session()  # never served: the next demo must not reuse it
+                raise
             watcher.start()
             if options["no_agent"]:
                 server.wait()
@@ -160,8 +174,17 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
         except KeyboardInterrupt:
             pass
         finally:
-            watcher.stopping = True
-            _stop_server(server)
+            # A second signal (make passes a group's SIGTERM on: it comes twice) must not
+            # cut the stop short: _stop_server is bounded, and kills the group at its end.
+            handlers = {
+                n: signal.signal(n, signal.SIG_IGN) for n in (signal.SIGTERM, signal.SIGINT)
+            }
+            try:
+                watcher.stopping = True
+                _stop_server(server)
+            finally:
+                for signum, handler in handlers.items():
+                    signal.signal(signum, handler)
         if watcher.exited or (options["no_agent"] and server.returncode):
             raise CommandError(f"the server exited with status {server.returncode}")
 
@@ -179,7 +202,17 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
             if not held or not rows.holder_alive(session.held_by):
                 self.stdout.write(f"reusing the demo session {session.id} (still open)")
                 return session
-        return AgentSession.objects.create(title=DEMO_TITLE, owner=user)
+        self._new_session = AgentSession.objects.create(title=DEMO_TITLE, owner=user)
+        return self._new_session
+
+    def _drop_new_session(self) -> None:
+        """Delete the session :meth:`_demo_session` created for a server that never came
+        up (another demo held the event log, say): otherwise it would be the newest open
+        demo session, and the next demo would continue it instead of the one it served."""
+        created = self._new_session
+        if created is not None:
+            AgentSession.objects.filter(pk=created.pk).delete()
+            self._new_session = None
 
     def _demo_user(self) -> Any:
         user_model = get_user_model()

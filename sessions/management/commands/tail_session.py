@@ -9,6 +9,7 @@ from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
 from sessions.api_client import EventStreamClient
+from sessions.bus import is_valid_epoch
 from sessions.wire import ServerSentEvent
 from sessions.ws_api_client import WebSocketStreamClient, socket_url
 
@@ -31,6 +32,12 @@ class Command(BaseCommand):
             "token_revoked / token_expired (refresh it from elsewhere to keep following)",
         )
         parser.add_argument("--last-event-id", default="", help="resume after this id")
+        parser.add_argument(
+            "--epoch",
+            default="",
+            help="the epoch --last-event-id came from (printed at `connected`): another "
+            "epoch then starts with state_resync_required instead of a silent gap (EB-7)",
+        )
         parser.add_argument(
             "--transport",
             choices=("sse", "ws"),
@@ -60,6 +67,10 @@ class Command(BaseCommand):
             with open(token_file, encoding="utf-8") as handle:
                 return handle.read().strip()
 
+        if options["epoch"] and not is_valid_epoch(options["epoch"]):
+            raise CommandError("--epoch must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'")
+        if options["epoch"] and not options["last_event_id"]:
+            raise CommandError("--epoch needs --last-event-id (the cursor it belongs to)")
         try:
             token = options["token"] or read_token_file()
         except OSError as exc:
@@ -82,6 +93,7 @@ class Command(BaseCommand):
         else:
             url = f"{options['url'].rstrip('/')}/session/{options['session_id']}/events"
             client = EventStreamClient(url, token, **common)
+        client.epoch = options["epoch"] or None
         try:
             code = client.run()
         except KeyboardInterrupt:
