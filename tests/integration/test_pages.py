@@ -121,7 +121,11 @@ async def test_session_page_for_staff_opens_any_session(make_user, make_session)
     assert (await call("GET", f"/sessions/{sid}/", headers={"cookie": cookie})).status == 200
 
 
-@pytest.mark.parametrize("raw", [str(uuid.uuid4()), "not-a-uuid", str(uuid.uuid4()).upper()])
+@pytest.mark.parametrize(
+    "raw",
+    [str(uuid.uuid4()), "not-a-uuid", str(uuid.uuid4()).upper()],
+    ids=["unknown", "malformed", "unknown-upper-case"],  # the same in every xdist worker
+)
 async def test_session_page_of_unknown_or_malformed_id_is_404(make_user, raw):
     cookie = await login_cookie(await make_user("alice"))
     assert (await call("GET", f"/sessions/{raw}/", headers={"cookie": cookie})).status == 404

@@ -136,7 +136,9 @@ async def test_anyone_but_active_staff_is_refused_403_forbidden_on_both_endpoint
     assert_error(await disconnect(sid, str(uuid.uuid4()), headers), 403, "forbidden")
 
 
-@pytest.mark.parametrize("raw_id", [str(uuid.uuid4()), "not-a-session"])
+@pytest.mark.parametrize(
+    "raw_id", [str(uuid.uuid4()), "not-a-session"], ids=["unknown", "not-a-session"]
+)
 async def test_an_unknown_session_is_404_not_found_for_staff(staff_cookie, raw_id):
     listing = await call("GET", f"/session/{raw_id}/subscribers", headers={"cookie": staff_cookie})
     assert_error(listing, 404, "not_found")
@@ -144,7 +146,9 @@ async def test_an_unknown_session_is_404_not_found_for_staff(staff_cookie, raw_i
     assert_error(refused, 404, "not_found")
 
 
-@pytest.mark.parametrize("subscriber_id", [str(uuid.uuid4()), "not-a-subscriber"])
+@pytest.mark.parametrize(
+    "subscriber_id", [str(uuid.uuid4()), "not-a-subscriber"], ids=["unknown", "not-a-subscriber"]
+)
 async def test_disconnecting_an_unknown_subscriber_is_404_subscriber_not_found(
     make_session, stream_of, staff_cookie, subscriber_id
 ):
