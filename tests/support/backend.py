@@ -4,7 +4,8 @@
 test-redis``). The run writes only under one key prefix, ``QWENWEB_REDIS_KEY_PREFIX``
 (generated when unset; it must start with ``qwtest-``): in-process tests each get
 ``<prefix>-t<n>``, server processes started by end-to-end tests inherit the environment.
-The prefix's keys are deleted when the run ends; the shared Redis is never flushed.
+Under pytest-xdist each worker has ``<prefix>-<worker>`` in place of ``<prefix>``. The
+prefix's keys are deleted when the run ends; the shared Redis is never flushed.
 
 ``python -m tests.support.backend check`` exits 1 with one line when Redis does not
 answer; ``python -m tests.support.backend delete <prefix>`` deletes a run's keys (``make
@@ -73,6 +74,11 @@ def redis_url() -> str:
 def run_prefix() -> str:
     """Return the run's key prefix, choosing ``qwtest-<random>`` when none is set (once).
 
+    In a pytest-xdist worker it is the run's prefix with the worker's name after it
+    (``qwtest-1a2b3c4d-gw1``), set in this process's environment too: the servers a
+    worker's tests start (a session's or a module's, which count the processes and
+    subscribers of their prefix) never share a key space with another worker's.
+
     Raises:
         pytest.UsageError: the prefix does not start with ``qwtest-`` (the run deletes its
             keys at the end, so it must not share a deployment's prefix).
@@ -85,6 +91,9 @@ def run_prefix() -> str:
             f"QWENWEB_REDIS_KEY_PREFIX={prefix!r}: a test run deletes its prefix's keys, "
             f"so it must start with {TEST_PREFIX_START!r}"
         )
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:
+        prefix = os.environ["QWENWEB_REDIS_KEY_PREFIX"] = f"{prefix}-{worker}"
     return prefix
 
 
@@ -94,7 +103,8 @@ def per_test_prefix(base: str) -> str:
 
 
 def delete_run_keys(base: str, url: str | None = None) -> int:
-    """Delete every key of the run (``base`` and its per-test prefixes); return how many.
+    """Delete every key of the run (``base``, its workers' and per-test prefixes: every
+    ``<base>:*`` and ``<base>-*``); return how many.
 
     ``url`` is the Redis to delete them from (default: the run's, ``redis_url()``). Raises
     ``ValueError`` for a prefix that does not start with ``qwtest-``.
@@ -104,7 +114,7 @@ def delete_run_keys(base: str, url: str | None = None) -> int:
     client = redis.Redis.from_url(url or redis_url())
     deleted = 0
     try:
-        for pattern in (f"{base}:*", f"{base}-t*"):
+        for pattern in (f"{base}:*", f"{base}-*"):
             batch: list[bytes] = []
             for key in client.scan_iter(match=pattern, count=1000):
                 batch.append(key)

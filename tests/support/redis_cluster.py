@@ -24,6 +24,7 @@ from redis.crc import key_slot
 
 from tests.support.redis_sentinel import RedisProcess
 from tests.support.redis_server import REDIS_SERVER
+from tests.support.server import worker_owns_port
 
 NODE_TIMEOUT_MS = 1500
 #: Bounded waits: a failover takes the node timeout plus an election, slower when loaded.
@@ -32,9 +33,12 @@ REDIS_CLI = "/usr/bin/redis-cli"
 
 
 def free_cluster_port() -> int:
-    """A free port ``p`` <= 55535 whose cluster bus port ``p + 10000`` is free too."""
+    """A free port ``p`` <= 55535 whose cluster bus port ``p + 10000`` is free too, both of
+    this pytest-xdist worker's share (``tests.support.server.worker_owns_port``)."""
     for _ in range(1000):
         port = random.randint(20_000, 55_535)
+        if not worker_owns_port(port):  # another pytest-xdist worker's: see free_port
+            continue
         try:
             for candidate in (port, port + 10_000):
                 with socket.socket() as sock:

@@ -36,9 +36,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port of 127.0.0.1 that nothing listens on now, for a server about to start.
+
+    Under pytest-xdist only a port of this worker's share (:func:`worker_owns_port`): two
+    workers never pick the same one in the moment between this call and their servers'
+    ``bind``. Raises ``RuntimeError`` if the kernel offers none of this share (never seen)."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if worker_owns_port(port):
+            return port
+    raise RuntimeError("no free port of this pytest-xdist worker's share in 1000 tries")
+
+
+def worker_owns_port(port: int) -> bool:
+    """Whether ``port`` belongs to this pytest-xdist worker's share of the ports (always,
+    outside xdist). Worker ``i`` of ``n`` owns the ports with ``(port % 10000) // 2 % n ==
+    i``: a Redis Cluster node's bus port, ``port + 10000``, has its node's owner, and
+    ``bind`` to port 0 hands out odd ports first, so the shares are equal."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return (port % 10_000) // 2 % count == int(worker.removeprefix("gw"))
 
 
 def server_env(database_path: Path, **extra: str) -> dict[str, str]:
