@@ -153,6 +153,10 @@ def test_publish_console_says_a_refusal_in_words_not_as_a_code(
     expect(result).to_contain_text("The data is not valid JSON")
 
 
+# serial: the page provokes its own eviction with ~1,000 events of 64 KiB through the
+# browser's buffers: CPU-bound for Chromium and the server (27 s alone, 61 s beside two
+# other pytest-xdist workers), the same load as the paused-page tests, which run alone.
+@pytest.mark.serial
 @pytest.mark.timeout(PROVOKE_WAIT_MS // 1000 + 60)
 def test_provoke_backpressure_from_the_page_alone_shows_a_warning_then_an_eviction(
     page: Page, server: ServerProcess

@@ -327,6 +327,11 @@ def test_session_closed_answers_204_page_shows_ended_and_sends_no_more_requests(
     screenshot(page, "session-page-ended")
 
 
+# serial: publishes tens of MiB of random text, gzipped by the server and inflated by
+# Chromium, until the paused page's reader is evicted: CPU-bound on both sides. Beside two
+# other pytest-xdist workers it ran into the 60 s test timeout (13-28 s alone);
+# it is also the load that slows the tests beside it.
+@pytest.mark.serial
 @pytest.mark.parametrize(
     "server_kind",
     [

@@ -30,7 +30,9 @@ from tests.support.server import server_env as base_env
 # The burst is published on the server's own loop, so the servers run the default
 # (in-process) backend whatever the run's: through Redis each publish is a round trip and
 # no burst outruns even the strict cap (make test-redis skips the module: own_backend).
-pytestmark = [pytest.mark.e2e, pytest.mark.own_backend]
+# serial: the fast reader (bench.loadgen, another process) must read the 20,000-event burst
+# faster than the server writes it; a reader slowed by neighbours' load is a slow reader.
+pytestmark = [pytest.mark.e2e, pytest.mark.own_backend, pytest.mark.serial]
 
 EVENTS = 20_000
 
