@@ -230,7 +230,7 @@ def test_session_list_and_dashboard_show_the_live_numbers_on_a_phone(
     phone.set_default_timeout(WAIT_MS)
     try:
         log_in(phone, server, "/sessions/")
-        row = phone.locator("tr", has=phone.get_by_role("link", name="on a phone"))
+        row = phone.locator("tr", has=phone.get_by_role("link", name="on a phone", exact=True))
         for field, value in (("lastEventId", str(last)), ("subscribers", "1")):
             cell = row.locator(f'[data-field="{field}"]')
             expect(cell).to_have_text(value)

@@ -350,7 +350,7 @@ def test_session_list_shows_the_live_last_id_and_subscribers(
     view.wait_for_id(last)
     listing = page.context.new_page()  # the session page keeps streaming in the first tab
     listing.goto(f"{server.base_url}/sessions/")
-    row = listing.locator("tr", has=listing.get_by_role("link", name="listed live"))
+    row = listing.locator("tr", has=listing.get_by_role("link", name="listed live", exact=True))
     expect(row.locator('[data-field="lastEventId"]')).to_have_text(str(last))
     expect(row.locator('[data-field="subscribers"]')).to_have_text("1")
     listing.close()
