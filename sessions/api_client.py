@@ -32,6 +32,10 @@ from sessions.wire import DEFAULT_RETRY_MS, ServerSentEvent, SSEParser
 __all__ = ["ApiCallError", "EventStreamClient", "Publisher", "StreamEnd"]
 
 _BACKOFF_CAP_S: Final = 30.0
+TOKEN_REFRESH_WAIT_S: Final = 10.0
+"""Seconds a client with ``refresh_token`` waits, after its token was rejected, for the
+source (e.g. a token file being rewritten) to give a token not yet rejected."""
+_TOKEN_REFRESH_POLL_S: Final = 0.25
 
 
 class ApiCallError(Exception):
@@ -168,7 +172,9 @@ class EventStreamClient:
     ``refresh_token`` (e.g. re-reading a token file) is asked for a new token on a 401
     and after a ``stream_error`` with code ``token_revoked`` or ``token_expired``; the
     client retries at once with it (SC-10: a token that was rejected is never sent again,
-    so a refresh that returns it stops with 2). Without it a 401 stops with 2.
+    so a refresh that returns it is asked again every 0.25 s for up to ``refresh_wait_s``,
+    then stops with 2: a file rewritten just after the revocation is still picked up).
+    Without it a 401 stops with 2.
 
     ``compressed`` (default True) sends ``Accept-Encoding: gzip``; a gzipped answer is
     decoded chunk by chunk, so every frame is dispatched as soon as its bytes arrive.
@@ -183,6 +189,7 @@ class EventStreamClient:
     max_connections: int | None = None
     read_timeout_s: float = 60.0
     refresh_token: Callable[[], str] | None = None
+    refresh_wait_s: float = TOKEN_REFRESH_WAIT_S
     compressed: bool = True
 
     def __post_init__(self) -> None:
@@ -274,14 +281,23 @@ class EventStreamClient:
         self._rejected.add(self.token)
         if self.refresh_token is None:
             return False
-        try:
-            token = self.refresh_token().strip()
-        except OSError as exc:
-            self.on_status(f"could not refresh the token: {exc}")
-            return False
-        if not token or token in self._rejected:
-            self.on_status(f"{why}: no new token to retry with")
-            return False
+        deadline = time.monotonic() + self.refresh_wait_s
+        waiting = False
+        while True:
+            try:
+                token = self.refresh_token().strip()
+            except OSError as exc:
+                self.on_status(f"could not refresh the token: {exc}")
+                return False
+            if token and token not in self._rejected:
+                break
+            if time.monotonic() >= deadline:
+                self.on_status(f"{why}: no new token to retry with")
+                return False
+            if not waiting:
+                waiting = True
+                self.on_status(f"{why}: waiting up to {self.refresh_wait_s:g} s for a new token")
+            time.sleep(_TOKEN_REFRESH_POLL_S)
         self.token = token
         self.on_status(f"{why}: retrying with a fresh token")
         return True

@@ -29,7 +29,8 @@ class Command(BaseCommand):
         token.add_argument(
             "--token-file",
             help="a file holding a read token; re-read on 401 and after a stream_error "
-            "token_revoked / token_expired (refresh it from elsewhere to keep following)",
+            "token_revoked / token_expired, waiting up to 10 s for it to hold a new token "
+            "(refresh it from elsewhere to keep following)",
         )
         parser.add_argument("--last-event-id", default="", help="resume after this id")
         parser.add_argument(
