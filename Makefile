@@ -55,9 +55,20 @@ node_modules/.installed: package.json package-lock.json | apt-packages
 demo: $(STAMP)
 	$(PY) manage.py demo $(ARGS)
 
+# The Python tests run in two passes: first in PYTEST_WORKERS pytest-xdist workers, each test
+# module whole in one worker (its servers and fixtures are shared by its tests), then, alone,
+# the tests marked `serial` (a pace or a rate a neighbour's load would change; pyproject.toml
+# says which and why). Both passes run whatever the first gives; the status is the worse.
+# `make test PYTEST_WORKERS=1` gives the plain serial order in the first pass.
+PYTEST_WORKERS ?= 3
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: $(STAMP) system-deps
 	node --test tests/js/
-	$(PY) -m pytest
+	status=0; \
+	$(PY) -m pytest $(PARALLEL) -m "not serial" || status=$$?; \
+	$(PY) -m pytest -m serial || status=$$?; \
+	exit $$status
 
 # The integration tests against PostgreSQL: pytest-django creates and drops
 # test_qwenweb on that server. Fails, naming the reason, when the server does not answer.
@@ -65,7 +76,7 @@ POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/qwenweb
 
 test-postgres: $(STAMP)
 	$(PY) -m tests.support.postgres $(POSTGRES_URL)
-	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest tests/integration
+	DATABASE_URL=$(POSTGRES_URL) $(PY) -m pytest $(PARALLEL) tests/integration
 
 # The whole single-process suite again with the Redis backend, on the Redis at
 # QWENWEB_REDIS_URL (default redis://127.0.0.1:6379/0), under a key prefix of this run's
@@ -80,11 +91,13 @@ REDIS_BROWSER_TESTS := tests/browser/test_session_page.py
 
 test-redis: $(STAMP)
 	$(PY) -m tests.support.backend check
-	prefix=qwtest-$$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n'); \
-	QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
+	prefix=qwtest-$$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n'); status=0; \
+	run() { QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
 		tests/unit tests/integration tests/e2e $(REDIS_BROWSER_TESTS) -p no:cacheprovider \
-		-m "not own_backend"; \
-	status=$$?; $(PY) -m tests.support.backend delete $$prefix; exit $$status
+		"$$@" || status=$$?; }; \
+	run $(PARALLEL) -m "not own_backend and not serial"; \
+	run -m "serial and not own_backend"; \
+	$(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.
 test-browser: $(STAMP) system-deps
