@@ -14,8 +14,8 @@ Publishing (docs/protocol.md, "Durable history")
     reaches the bus through the same entry point as the Redis mirror's catch-up.
     :meth:`publish` answers after the commit; an ``Idempotency-Key`` is
     committed in the same transaction as its event. :meth:`publish_nowait` (in-process
-    publishers) never raises nor blocks: the event waits in a bounded pending buffer
-    (:data:`MAX_PENDING`); past it the event is dropped, counted and logged.
+    publishers) never raises nor blocks: the event waits in a pending buffer bounded in
+    bytes (:data:`MAX_PENDING_BYTES`); past it the event is dropped, counted and logged.
 
 Closed sessions
     A closed session's history stays readable ``CLOSED_HISTORY_S`` after its close: the
@@ -77,12 +77,24 @@ from sessions.hooks import Hooks
 from sessions.models import AgentSession
 from sessions.runtime import ServerLoop
 
-__all__ = ["MAX_PENDING", "DurableBackend", "StorageFullError", "log_path"]
+__all__ = [
+    "MAX_PENDING_BYTES",
+    "PENDING_EVENT_OVERHEAD",
+    "DurableBackend",
+    "StorageFullError",
+    "log_path",
+]
 
 logger = logging.getLogger("qwenweb.backend")
 
-MAX_PENDING: Final = 10_000
-"""Events :meth:`DurableBackend.publish_nowait` lets wait for a commit at most."""
+MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
+"""Bytes of events waiting for a commit past which :meth:`DurableBackend.publish_nowait`
+drops (each event counts its frame's bytes plus :data:`PENDING_EVENT_OVERHEAD`): about
+43,000 events of 266 bytes on the wire, so a burst of 20,000 from a publisher that yields
+once per event fits whatever share of the interpreter lock the writer thread gets."""
+PENDING_EVENT_OVERHEAD: Final = 1280
+"""Bytes an event waiting for its commit holds besides its frame (its body, the operation,
+the commit's callback): 1,238 traced by ``tracemalloc`` per event of 10,000 pending."""
 TRIM_INTERVAL_S: Final = 1.0
 """How often the background deletion takes one bounded step."""
 
@@ -201,7 +213,7 @@ class DurableBackend(MemoryBackend):
         self.loop = _OpeningLoop(hooks, self)
         self.log: EventLog | None = None
         self.dropped = 0
-        self._pending = 0
+        self._pending_bytes = 0  # of the events waiting for a commit: MAX_PENDING_BYTES
         self._trimmer: asyncio.Task[None] | None = None
 
     # -- the log -----------------------------------------------------------------------
@@ -390,10 +402,11 @@ class DurableBackend(MemoryBackend):
         live._next_id += 1
         frame = Frame.from_json(event_id, fields["type"], entry_json(event_id, body))
         epoch = live.bus.epoch
-        self._pending += 1
+        cost = frame.nbytes + PENDING_EVENT_OVERHEAD
+        self._pending_bytes += cost
 
         def committed(_: Any, error: BaseException | None) -> None:
-            self._pending -= 1
+            self._pending_bytes -= cost
             if error is not None:
                 if rewinds == live._rewinds:  # the first failure of this run: rewind once
                     live._rewinds += 1
@@ -484,18 +497,18 @@ class DurableBackend(MemoryBackend):
     def publish_nowait(self, live: LiveSession, event: Mapping[str, Any]) -> Frame | None:
         """Submit ``event`` for the next commit; the frame it will be delivered as, or None.
 
-        None when the session is closed, the event cannot be framed, or :data:`MAX_PENDING`
-        events already wait for a commit (the drop is counted in :attr:`dropped` and
-        logged). Never raises, never awaits; a commit that fails drops the event (logged
-        by the log).
+        None when the session is closed, the event cannot be framed, or
+        :data:`MAX_PENDING_BYTES` of events already wait for a commit (the drop is counted
+        in :attr:`dropped` and logged). Never raises, never awaits; a commit that fails
+        drops the event (logged by the log).
         """
-        if self._pending >= MAX_PENDING:
+        if self._pending_bytes >= MAX_PENDING_BYTES:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.warning(
-                    "publish_dropped session=%s reason=pending_full pending=%d dropped=%d",
+                    "publish_dropped session=%s reason=pending_full pending_bytes=%d dropped=%d",
                     live.session_id,
-                    self._pending,
+                    self._pending_bytes,
                     self.dropped,
                 )
             return None
