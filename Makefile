@@ -55,12 +55,12 @@ node_modules/.installed: package.json package-lock.json | apt-packages
 demo: $(STAMP)
 	$(PY) manage.py demo $(ARGS)
 
-# The Python tests run in two passes: first in PYTEST_WORKERS pytest-xdist workers, each test
+# The Python tests run in two passes: first in PYTEST_WORKERS (4) pytest-xdist workers, each test
 # module whole in one worker (its servers and fixtures are shared by its tests), then, alone,
 # the tests marked `serial` (a pace or a rate a neighbour's load would change; pyproject.toml
 # says which and why). Both passes run whatever the first gives; the status is the worse.
 # `make test PYTEST_WORKERS=1` gives the plain serial order in the first pass.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) system-deps
@@ -86,7 +86,10 @@ test-postgres: $(STAMP)
 # Of the browser tier only the session page's own module runs again (the page over the
 # Redis backend: stream, resume, reconnect): the rest tests the page's own logic, which the
 # backend does not reach, and ran in `make test`; the backend's contract under Redis is
-# what tests/integration and tests/e2e check. (It keeps `.ci/run` near 30 minutes.)
+# what tests/integration and tests/e2e check. Likewise the tests that run across servers
+# (granian, daphne, uvicorn, runserver: each one's flow control and shutdown) run on the
+# production entry point only (tests.support.backend.server_matrix). Both passes as in
+# `make test`. (It keeps `.ci/run` under 30 minutes.)
 REDIS_BROWSER_TESTS := tests/browser/test_session_page.py
 
 test-redis: $(STAMP)

@@ -22,7 +22,7 @@ from tests.browser.conftest import (
     number_in,
     screenshot,
 )
-from tests.support.backend import memory_only
+from tests.support.backend import memory_only, server_matrix
 from tests.support.server import ServerProcess, request_json, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -334,7 +334,7 @@ def test_session_closed_answers_204_page_shows_ended_and_sends_no_more_requests(
 @pytest.mark.serial
 @pytest.mark.parametrize(
     "server_kind",
-    [
+    server_matrix(
         "serve",
         "uvicorn",
         pytest.param(
@@ -345,7 +345,7 @@ def test_session_closed_answers_204_page_shows_ended_and_sends_no_more_requests(
                 "waits, nothing is evicted; this case proves the test can fail",
             ),
         ),
-    ],
+    ),
 )
 def test_pause_reading_with_small_max_queued_warns_then_evicts_then_recovers_with_cursor(
     page: Page, start_server: Callable[..., ServerProcess], server_kind: str

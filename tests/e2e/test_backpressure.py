@@ -14,6 +14,7 @@ import h11
 import pytest
 
 from sessions.api_client import Publisher
+from tests.support.backend import server_matrix
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -58,7 +59,7 @@ PLAIN_DAPHNE = pytest.param(
 )
 
 
-@pytest.fixture(params=["serve", "serve-daphne", "runserver", "uvicorn", PLAIN_DAPHNE])
+@pytest.fixture(params=server_matrix("serve", "serve-daphne", "runserver", "uvicorn", PLAIN_DAPHNE))
 def any_server(
     request: pytest.FixtureRequest, e2e_database: Path, tmp_path: Path
 ) -> Iterator[ServerProcess]:

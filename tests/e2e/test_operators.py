@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from sessions.api_client import Publisher
+from tests.support.backend import server_matrix
 from tests.support.server import (
     RemoteSession,
     ServerProcess,
@@ -188,7 +189,7 @@ SHUTDOWN_ARGV: dict[str, Callable[[int], list[str]]] = {
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-@pytest.mark.parametrize("kind", list(SHUTDOWN_ARGV))
+@pytest.mark.parametrize("kind", server_matrix(*SHUTDOWN_ARGV))
 async def test_shutdown_of_serve_records_open_streams_and_saves_counters(
     start: Callable[..., ServerProcess], staff_database: Path, sig: signal.Signals, kind: str
 ) -> None:

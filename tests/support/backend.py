@@ -28,7 +28,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable
-from typing import Final, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import pytest
 import redis
@@ -64,6 +64,15 @@ def redis_only(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not USING_REDIS, reason=f"runs under the Redis backend only (make test-redis): {reason}"
     )
+
+
+def server_matrix(production: str, *others: Any) -> list[Any]:
+    """The servers a test that runs across servers runs on: ``production`` (the production
+    entry point's kind) and ``others`` (kinds or ``pytest.param``) in ``make test``; under
+    the Redis backend (``make test-redis``) ``production`` only. The matrix checks each
+    server's own flow control and shutdown, which the backend does not reach, and ``make
+    test`` ran it whole; the Redis tier checks the backend behind the production server."""
+    return [production] if USING_REDIS else [production, *others]
 
 
 def redis_url() -> str:
