@@ -108,7 +108,7 @@ async def test_publish_answers_and_delivers_only_after_the_commit(
     try:
         pending = asyncio.ensure_future(publish(sid, {"type": "a"}))
         async with asyncio.timeout(WAIT_S):
-            while not durable()._pending:  # until the event waits for its commit
+            while not durable()._pending_bytes:  # until the event waits for its commit
                 await asyncio.sleep(0)
         assert not pending.done()
         assert live_frames(stream) == []
