@@ -55,12 +55,12 @@ node_modules/.installed: package.json package-lock.json | apt-packages
 demo: $(STAMP)
 	$(PY) manage.py demo $(ARGS)
 
-# The Python tests run in two passes: first in PYTEST_WORKERS (4) pytest-xdist workers, each test
+# The Python tests run in two passes: first in PYTEST_WORKERS (3) pytest-xdist workers, each test
 # module whole in one worker (its servers and fixtures are shared by its tests), then, alone,
 # the tests marked `serial` (a pace or a rate a neighbour's load would change; pyproject.toml
 # says which and why). Both passes run whatever the first gives; the status is the worse.
 # `make test PYTEST_WORKERS=1` gives the plain serial order in the first pass.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) system-deps
@@ -88,7 +88,8 @@ test-postgres: $(STAMP)
 # backend does not reach, and ran in `make test`; the backend's contract under Redis is
 # what tests/integration and tests/e2e check. Likewise the tests that run across servers
 # (granian, daphne, uvicorn, runserver: each one's flow control and shutdown) run on the
-# production entry point only (tests.support.backend.server_matrix). Both passes as in
+# production entry point only (tests.support.backend.server_matrix), and the modules
+# marked transport_only (sockets, HTTP/2, static files) not at all. Both passes as in
 # `make test`. (It keeps `.ci/run` under 30 minutes.)
 REDIS_BROWSER_TESTS := tests/browser/test_session_page.py
 
@@ -98,8 +99,8 @@ test-redis: $(STAMP)
 	run() { QWENWEB_BACKEND=redis QWENWEB_REDIS_KEY_PREFIX=$$prefix $(PY) -m pytest \
 		tests/unit tests/integration tests/e2e $(REDIS_BROWSER_TESTS) -p no:cacheprovider \
 		"$$@" || status=$$?; }; \
-	run $(PARALLEL) -m "not own_backend and not serial"; \
-	run -m "serial and not own_backend"; \
+	run $(PARALLEL) -m "not own_backend and not transport_only and not serial"; \
+	run -m "serial and not own_backend and not transport_only"; \
 	$(PY) -m tests.support.backend delete $$prefix; exit $$status
 
 # The session page in headless Chromium (also part of `make test`); needs /usr/bin/chromium.

@@ -48,7 +48,7 @@ from tests.support.server import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.transport_only]
 
 CURL = "/usr/bin/curl"
 

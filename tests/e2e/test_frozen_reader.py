@@ -40,7 +40,7 @@ from tests.support.server import (
 # serial: the reader is evicted only once ~4.4 MB are buffered for it, which the server must
 # take at 100 events/s (4 KiB each) within the kernel's 32 s; beside other tests' servers
 # and browsers on 2 cores it may not, and the test would fail for the machine's load.
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.transport_only]
 
 FREEZE_S = float(os.environ.get("QWENWEB_SOAK_FREEZE_S", "40"))
 """How long the reader reads nothing, from its first frozen moment (``make soak``: 110)."""

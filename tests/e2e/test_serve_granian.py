@@ -46,7 +46,7 @@ from tests.support.server import (
 )
 from tests.support.tls import client_context, tls_argv
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.transport_only]
 
 SHUTDOWN_BOUND_S = 15.0
 """Issue 12: SIGTERM with open streams ends the process within this."""

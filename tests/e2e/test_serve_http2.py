@@ -30,7 +30,7 @@ from tests.support.server import (
 )
 from tests.support.tls import certificate, tls_argv
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.transport_only]
 
 EVENTS = 200
 EVENT_BYTES = 64 * 1024

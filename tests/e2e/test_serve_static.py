@@ -31,7 +31,7 @@ from tests.support.server import (
 )
 from tests.support.staff import StaffClient, staffed_database
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.transport_only]
 
 YEAR_S = 365 * 24 * 3600
 STATIC_REF = re.compile(r'(?:src|href)="(/static/[^"]+)"')

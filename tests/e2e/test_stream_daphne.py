@@ -19,7 +19,7 @@ from tests.support.server import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio, pytest.mark.transport_only]
 
 
 async def test_frames_arrive_one_by_one_while_stream_is_open(daphne_server: ServerProcess) -> None:
