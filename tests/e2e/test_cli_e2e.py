@@ -58,7 +58,7 @@ def test_tail_session_resumes_in_its_epoch_and_resyncs_in_another(
         "tail_session", session.id, "--url", daphne_server.base_url,
         "--token", session.read_token, "--last-event-id", "2",
     ]  # fmt: skip
-    same = manage(e2e_database, *args, "--epoch", epoch, "--max-events", "4")
+    same = manage(e2e_database, *args, f"--epoch={epoch}", "--max-events", "4")
     assert same.returncode == 0, same.stderr
     assert [line.split()[:2] for line in same.stdout.splitlines()] == [
         ["3", "note"], ["4", "note"], ["5", "note"], ["-", "replay_complete"],

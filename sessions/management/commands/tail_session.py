@@ -37,7 +37,8 @@ class Command(BaseCommand):
             "--epoch",
             default="",
             help="the epoch --last-event-id came from (printed at `connected`): another "
-            "epoch then starts with state_resync_required instead of a silent gap (EB-7)",
+            "epoch then starts with state_resync_required instead of a silent gap (EB-7); "
+            "write --epoch=VALUE, as an epoch may start with -",
         )
         parser.add_argument(
             "--transport",
