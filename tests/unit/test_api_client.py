@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -36,18 +38,26 @@ def test_after_failures_the_delay_grows_up_to_the_cap():  # SC-11
     assert max(delays) > 6.0
 
 
+def client_with_token_source(
+    source: Callable[[], str], statuses: list[str], **options: Any
+) -> EventStreamClient:
+    """A client holding the token ``old`` whose ``refresh_token`` is ``source``."""
+    return EventStreamClient(
+        url="http://127.0.0.1:1/session/x/events",
+        token="old",
+        on_event=print,
+        on_status=statuses.append,
+        refresh_token=source,
+        **options,
+    )
+
+
 def test_a_rejected_token_waits_for_the_token_source_to_give_a_new_one():  # SC-10
     # The token file is rewritten a moment after the revocation reached the stream: the
     # first two reads still give the revoked token, which is never sent again.
     reads = iter(["old", "old", "new"])
     statuses: list[str] = []
-    client = EventStreamClient(
-        url="http://127.0.0.1:1/session/x/events",
-        token="old",
-        on_event=print,
-        on_status=statuses.append,
-        refresh_token=lambda: next(reads),
-    )
+    client = client_with_token_source(lambda: next(reads), statuses)
     assert client._renew_token("token_revoked")
     assert client.token == "new"
     assert statuses == [
@@ -58,14 +68,7 @@ def test_a_rejected_token_waits_for_the_token_source_to_give_a_new_one():  # SC-
 
 def test_a_token_source_that_keeps_the_rejected_token_stops_after_the_wait():  # SC-10
     statuses: list[str] = []
-    client = EventStreamClient(
-        url="http://127.0.0.1:1/session/x/events",
-        token="old",
-        on_event=print,
-        on_status=statuses.append,
-        refresh_token=lambda: "old",
-        refresh_wait_s=0.5,
-    )
+    client = client_with_token_source(lambda: "old", statuses, refresh_wait_s=0.5)
     assert not client._renew_token("401")
     assert client.token == "old"
     assert statuses[-1] == "401: no new token to retry with"
