@@ -51,6 +51,9 @@ from tests.support.server import (
 from tests.support.tls import tls_argv
 
 CHROMIUM = Path(os.environ.get("QWENWEB_CHROMIUM", "/usr/bin/chromium"))
+INSECURE_HOST = "lease.qwenweb.test"
+"""A host name Chromium maps to 127.0.0.1 (``--host-resolver-rules``): plain http:// to it
+is not a secure context, so the page has no ``navigator.locks``."""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -60,6 +63,11 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # A name for 127.0.0.1 that only this Chromium resolves: a page there is not a secure
+    # context (the name is neither localhost nor a loopback literal), and nothing on the
+    # host's network changes (a new interface would fail other browsers' loads with
+    # ERR_NETWORK_CHANGED; test_tabs's lease test once made a veth pair and did).
+    f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1",
 ]
 USERNAME = "operator"
 PASSWORD = "operator-password-1"
@@ -195,6 +203,9 @@ class RemoteSession:
 
     base_url: str
     id: str
+    browser_base_url: str | None = None
+    """Where the browser reaches the server, when not at ``base_url`` (the test's own
+    requests): a name that only Chromium resolves (:data:`INSECURE_HOST`)."""
 
     @classmethod
     def create(cls, base_url: str, **body: Any) -> RemoteSession:
@@ -206,8 +217,12 @@ class RemoteSession:
         return cls(base_url, created["id"])
 
     @property
+    def browser_origin(self) -> str:
+        return self.browser_base_url or self.base_url
+
+    @property
     def page_url(self) -> str:
-        return f"{self.base_url}/sessions/{self.id}/"
+        return f"{self.browser_origin}/sessions/{self.id}/"
 
     def publish(self, event_type: str, data: Any = None) -> int:
         status, body = request_json(
@@ -346,11 +361,12 @@ class SessionPage:
 
     def login(self, next_path: str) -> None:
         """Log in as ``operator`` with the admin login form; land on ``next_path``."""
-        self.page.goto(f"{self.session.base_url}/admin/login/?next={urllib.parse.quote(next_path)}")
+        origin = self.session.browser_origin
+        self.page.goto(f"{origin}/admin/login/?next={urllib.parse.quote(next_path)}")
         self.page.fill("#id_username", USERNAME)
         self.page.fill("#id_password", PASSWORD)
         self.page.click("input[type=submit]")
-        self.page.wait_for_url(f"{self.session.base_url}{next_path}")
+        self.page.wait_for_url(f"{origin}{next_path}")
 
     @property
     def badge(self) -> Any:

@@ -8,23 +8,19 @@ server in the browser).
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.browser.conftest import (
+    INSECURE_HOST,
     VIEWPORT,
     WAIT_MS,
     RemoteSession,
     SessionPage,
-    server_argv,
 )
-from tests.support.server import ServerProcess, free_port, server_env, wait_for
+from tests.support.server import ServerProcess, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -243,67 +239,25 @@ def test_a_201_ends_the_client_for_good_and_a_503_is_retried(
 # -- the lease fallback: a page that is not a secure context ------------------------------
 
 
-@dataclass
-class NamespacedServer(ServerProcess):
-    """A server inside a network namespace, reached over a veth pair at ``host``."""
-
-    host: str = "127.0.0.1"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-@pytest.fixture
-def veth_server(
-    browser_database: object, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[NamespacedServer]:
-    """``python -m qwenweb.serve`` in a network namespace of this test, at 10.213.x.2 over a
-    veth pair (a non-loopback address: Chromium does not treat it as a secure context)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a network namespace and a veth pair")
-    name = f"qw13-{secrets.token_hex(3)}"
-    octet = secrets.randbelow(200) + 20
-    host_ip, ns_ip = f"10.213.{octet}.1", f"10.213.{octet}.2"
-    host_if, ns_if = f"v{name[-6:]}h", f"v{name[-6:]}n"
-    run: Callable[..., object] = lambda *cmd: subprocess.run(cmd, check=True, timeout=20)  # noqa: E731
-    run("ip", "netns", "add", name)
-    try:
-        run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        run("ip", "link", "set", ns_if, "netns", name)
-        run("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
-        run("ip", "link", "set", host_if, "up")
-        run("ip", "netns", "exec", name, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if)
-        run("ip", "netns", "exec", name, "ip", "link", "set", ns_if, "up")
-        run("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
-        port = free_port()
-        argv = server_argv("serve", port)
-        argv[argv.index("127.0.0.1")] = ns_ip
-        env = server_env(
-            browser_database,  # type: ignore[arg-type]
-            DJANGO_ALLOWED_HOSTS=ns_ip,
-            QWENWEB_HEARTBEAT_INTERVAL_S="1",
-            QWENWEB_BACKEND="memory",  # no Redis at the namespace's 127.0.0.1
-        )
-        log = tmp_path_factory.mktemp("logs") / f"netns-{port}.log"
-        server = NamespacedServer(["ip", "netns", "exec", name, *argv], port, env, log, host=ns_ip)
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], check=False, timeout=20)
-        subprocess.run(["ip", "netns", "del", name], check=False, timeout=20)
+@pytest.fixture(scope="module")
+def insecure_server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
+    """A server that also answers to :data:`INSECURE_HOST`, the name Chromium maps to
+    127.0.0.1: the page there is plain http:// to a name that is not localhost, so not a
+    secure context."""
+    return start_server(
+        "serve",
+        DJANGO_ALLOWED_HOSTS=f"127.0.0.1,{INSECURE_HOST}",
+        QWENWEB_HEARTBEAT_INTERVAL_S="1",
+    )
 
 
-@pytest.mark.own_backend
 def test_without_web_locks_the_tabs_share_through_the_lease_and_hand_over(
-    context: BrowserContext, veth_server: NamespacedServer
+    context: BrowserContext, insecure_server: ServerProcess
 ) -> None:
     # Issue 13, point 1: `navigator.locks` is undefined on plain http:// to a non-loopback
     # address; the BroadcastChannel + localStorage lease takes its place.
-    session = RemoteSession.create(veth_server.base_url, title="lease")
+    session = RemoteSession.create(insecure_server.base_url, title="lease")
+    session.browser_base_url = f"http://{INSECURE_HOST}:{insecure_server.port}"
     # (Twice in about ten loaded runs the first tab was not open after 10 s: it had made
     # no request the server logged. Bounded at 30 s, and a failure lists what the page
     # requested and logged.)
