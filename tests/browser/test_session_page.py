@@ -22,7 +22,7 @@ from tests.browser.conftest import (
     number_in,
     screenshot,
 )
-from tests.support.backend import memory_only, server_matrix
+from tests.support.backend import memory_only
 from tests.support.server import ServerProcess, request_json, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -331,28 +331,16 @@ def test_session_closed_answers_204_page_shows_ended_and_sends_no_more_requests(
 # Chromium, until the paused page's reader is evicted: CPU-bound on both sides. Beside two
 # other pytest-xdist workers it ran into the 60 s test timeout (13-28 s alone);
 # it is also the load that slows the tests beside it.
+# The page on the production entry point only: each server's own flow control (granian,
+# daphne, uvicorn, runserver, and plain daphne as the control that proves the check can
+# fail) is tests/e2e/test_backpressure.py's matrix, with raw readers.
 @pytest.mark.serial
-@pytest.mark.parametrize(
-    "server_kind",
-    server_matrix(
-        "serve",
-        "uvicorn",
-        pytest.param(
-            "plain-daphne",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the plain daphne command has no flow control (EB-21): its send never "
-                "waits, nothing is evicted; this case proves the test can fail",
-            ),
-        ),
-    ),
-)
 def test_pause_reading_with_small_max_queued_warns_then_evicts_then_recovers_with_cursor(
-    page: Page, start_server: Callable[..., ServerProcess], server_kind: str
+    page: Page, start_server: Callable[..., ServerProcess]
 ) -> None:
     # EB-21 real TCP backpressure → EB-4 slow_client_warning → EB-5 client_evicted;
     # SC-12: the page reconnects with its cursor and replay fills the gap.
-    server = start_server(server_kind)
+    server = start_server("serve")
     session = RemoteSession.create(server.base_url, title="slow reader", ringSize=32)
     view = SessionPage(page, session).open(install_clock=True)
     page.fill("#max-queued", "16")
