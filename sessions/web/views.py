@@ -52,7 +52,7 @@ from sessions.conf import SNAPSHOT_MAX_LIMIT, get_config
 from sessions.errors import ApiError, quota_exceeded
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
-from sessions.web.offload import json_values_bound, off_loop
+from sessions.web.offload import json_values_bound, off_loop_if_heavy
 from sessions.web.responses import api_view, enforce_csrf
 from sessions.web.validation import (
     MAX_TITLE_LENGTH,
@@ -165,7 +165,8 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     principal = await _authenticate(request)
     if principal.claims is not None and "create" not in principal.claims.scopes:
         raise ApiError(403, "forbidden", "this token does not grant create access")
-    body = await off_loop(parse_json, read_body(request), required=False)
+    raw = read_body(request)
+    body = await off_loop_if_heavy(json_values_bound(raw), parse_json, raw, required=False)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
     refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
@@ -468,8 +469,8 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     holds more than ``PUBLISH_MAX_VALUES`` JSON values; 429 ``rate_limited`` past the
     session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``, or past the JSON values
     of ``PUBLISH_VALUES_PER_S`` (session) / ``PUBLISH_USER_VALUES_PER_S`` (user), charged
-    before the body is parsed (off the loop: ``sessions.web.offload``); 503 ``draining`` while a
-    memory-backend process drains (the event would be lost with it). With an
+    before the body is parsed (off the loop when large: ``sessions.web.offload``); 503
+    ``draining`` while a memory-backend process drains (the event would be lost with it). With an
     ``Idempotency-Key`` a repeat answers the first result (``Idempotent-Replayed: true``,
     over a quota too) and publishes nothing; the key with another body is 422
     ``idempotency_key_reused``. (``GET`` is the
@@ -492,7 +493,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
         get_backend().values_quota.charge(session_id, _publisher(principal), values)
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
-    idempotency, event = await off_loop(_parse_publish, request, body)
+    idempotency, event = await off_loop_if_heavy(values, _parse_publish, request, body)
     try:
         live = await _open_session(principal, session_id, "publish")
     except SessionClosedError:
@@ -591,7 +592,8 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         refuse_unknown_fields(form, _TOKEN_FORM_FIELDS, "invalid_request")
         scope: Any = form.get("scope", "read")
     else:
-        body = await off_loop(parse_json, read_body(request), required=False)
+        raw = read_body(request)
+        body = await off_loop_if_heavy(json_values_bound(raw), parse_json, raw, required=False)
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
         refuse_unknown_fields(body, _TOKEN_FIELDS, "invalid_request")
