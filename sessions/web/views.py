@@ -464,24 +464,29 @@ def _parse_publish(
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
 
-    Needs ``publish`` access. 400 names the bad field; 409 when the session is closed;
-    413 when the body exceeds ``PUBLISH_MAX_BODY_BYTES``, 413 ``too_many_values`` when it
-    holds more than ``PUBLISH_MAX_VALUES`` JSON values; 429 ``rate_limited`` past the
-    session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``, or past the JSON values
-    of ``PUBLISH_VALUES_PER_S`` (session) / ``PUBLISH_USER_VALUES_PER_S`` (user), charged
-    before the body is parsed (off the loop when large: ``sessions.web.offload``); 503
-    ``draining`` while a memory-backend process drains (the event would be lost with it). With an
-    ``Idempotency-Key`` a repeat answers the first result (``Idempotent-Replayed: true``,
-    over a quota too) and publishes nothing; the key with another body is 422
-    ``idempotency_key_reused``. (``GET`` is the
-    stream, served by ``sessions.transport.stream`` in front of Django.)
+    Needs ``publish`` access. 400 names the bad field; 409 when the session is closed; 413
+    when the body exceeds ``PUBLISH_MAX_BODY_BYTES``, 413 ``too_many_values`` when it holds
+    more than ``PUBLISH_MAX_VALUES`` JSON values (charged that many); 429 ``rate_limited``
+    past the session's ``PUBLISH_RATE_PER_S`` / ``PUBLISH_BYTES_PER_S``, or past the JSON
+    values of ``PUBLISH_VALUES_PER_S`` (session) / ``PUBLISH_USER_VALUES_PER_S`` (user),
+    charged before the body is parsed (off the loop when large: ``sessions.web.offload``);
+    503 ``draining`` while a memory-backend process drains (the event would be lost with
+    it). With an ``Idempotency-Key`` a repeat answers the first result
+    (``Idempotent-Replayed: true``, over a quota too) and publishes nothing; the key with
+    another body is 422 ``idempotency_key_reused``. (``GET`` is the stream, served by
+    ``sessions.transport.stream`` in front of Django.)
     """
     session_id = _session_id_or_404(session_id)
     principal = await _authenticate(request)
     check_token_scope(principal, session_id, "publish")  # learns nothing more without it
     body = read_body(request)
     values, limit = json_values_bound(body), get_config().publish_max_values
+    quota = get_backend().values_quota
     if values > limit:  # one parse holds the GIL, the loop's too: bounded per body
+        try:  # its count was work too: a flood of refused bodies meets the quota
+            quota.charge(session_id, _publisher(principal), limit)
+        except QuotaExceededError as exc:
+            raise quota_exceeded(exc) from None
         raise ApiError(
             413,
             "too_many_values",
@@ -490,7 +495,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
             limit=limit,
         )
     try:
-        get_backend().values_quota.charge(session_id, _publisher(principal), values)
+        quota.charge(session_id, _publisher(principal), values)
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
     idempotency, event = await off_loop_if_heavy(values, _parse_publish, request, body)

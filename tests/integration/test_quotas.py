@@ -236,3 +236,15 @@ async def test_the_json_values_quota_of_a_user_spans_their_sessions(
     assert body["quota"] == "PUBLISH_USER_VALUES_PER_S"
     bob = issue_token(second, ["publish"], "bob")
     assert (await publish_event(second, {"type": "b"}, bob)).status == 200
+
+
+async def test_bodies_refused_for_too_many_values_are_charged_until_429(
+    make_session: Any, qwenweb_settings: Any
+) -> None:
+    qwenweb_settings(PUBLISH_MAX_VALUES=1000, PUBLISH_VALUES_PER_S=1000)  # a burst of 2000
+    sid = await make_session()
+    huge = {"type": "a", "data": [{} for _ in range(1500)]}
+    for _ in range(2):  # each charged PUBLISH_MAX_VALUES
+        assert_error(await publish_event(sid, huge), 413, "too_many_values")
+    body = assert_error(await publish_event(sid, huge), 429, "rate_limited")
+    assert body["quota"] == "PUBLISH_VALUES_PER_S"
