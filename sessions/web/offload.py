@@ -11,9 +11,10 @@ event loop, that work stalls every stream of the process. So:
 - :func:`off_loop` runs the parse and the validation on a small pool of
   :data:`BODY_WORKERS` threads, so the loop keeps serving while one runs (the threads
   share the GIL with the loop, which gets it back every ``sys.getswitchinterval()``);
-- :func:`off_loop_if_heavy` keeps a small body (at most :data:`INLINE_MAX_VALUES` values:
-  a typical event) on the loop: parsing it costs less than handing it to a thread, and it
-  never waits in the pool's queue behind another publisher's large bodies.
+- :func:`off_loop_if_heavy` keeps a small body (at most :data:`INLINE_MAX_VALUES` values
+  and :data:`INLINE_MAX_BYTES` bytes: a typical event) on the loop: parsing it costs less
+  than handing it to a thread, and it never waits in the pool's queue behind another
+  publisher's large bodies.
 
 Concurrency: :func:`off_loop` is awaited on the loop; the function it runs must not touch
 a bus or the database (EB-11).
@@ -29,6 +30,7 @@ from typing import Final, ParamSpec, TypeVar
 
 __all__ = [
     "BODY_WORKERS",
+    "INLINE_MAX_BYTES",
     "INLINE_MAX_VALUES",
     "json_values_bound",
     "off_loop",
@@ -40,12 +42,19 @@ BODY_WORKERS: Final = 2
 for the GIL; requests beyond them wait their turn (bounded by the values quotas)."""
 
 INLINE_MAX_VALUES: Final = 256
-"""Bodies of at most this many JSON values (by :func:`json_values_bound`) are parsed and
-validated on the loop. Measured (``validate_publish_body(parse_json(...))``): 256 values of
-``{}``, the costliest kind, about 20 µs; a typical event of 7 values 4 µs; handing a call to
-a worker thread and back about 54 µs median, 340 µs p99. Larger bodies go to the workers,
-where a healthy session's publish used to queue behind an attacker's (issue 26: the other
-stream's largest inter-event delay was 97–134 ms)."""
+"""Bodies of at most this many JSON values (by :func:`json_values_bound`) and at most
+:data:`INLINE_MAX_BYTES` are parsed and validated on the loop. Measured
+(``validate_publish_body(parse_json(...))``): 256 values of ``{}``, the costliest kind per
+value, about 20 µs; a typical event of 7 values 4 µs; handing a call to a worker thread and
+back about 54 µs median, 340 µs p99. Larger bodies go to the workers, where a healthy
+session's publish used to queue behind an attacker's (issue 26: the other stream's largest
+inter-event delay was 97–134 ms)."""
+
+INLINE_MAX_BYTES: Final = 4096
+"""The byte bound of a body parsed on the loop (:data:`INLINE_MAX_VALUES`): a few values
+can still cost in proportion to their bytes. Measured on 2 MiB bodies of 3 values: a
+string 16 ms, ``\\u`` escapes 18 ms; 240 integers of 4,300 digits (exact, read by
+``json``) 19 ms. At 4 KiB the worst of these is about 0.1 ms (one 4,096-digit integer)."""
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -66,12 +75,13 @@ async def off_loop(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) ->
 
 
 async def off_loop_if_heavy(
-    values: int, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    body: bytes, values: int, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
 ) -> _T:
-    """Return ``fn(*args, **kwargs)``: called here, on the loop, when the body it works on
-    holds at most :data:`INLINE_MAX_VALUES` JSON values (``values``, from
-    :func:`json_values_bound`), else run by :func:`off_loop`. Raises what ``fn`` raises."""
-    if values <= INLINE_MAX_VALUES:
+    """Return ``fn(*args, **kwargs)``: called here, on the loop, when ``body``, the body it
+    works on, has at most :data:`INLINE_MAX_BYTES` bytes and :data:`INLINE_MAX_VALUES` JSON
+    values (``values``, from :func:`json_values_bound`), else run by :func:`off_loop`.
+    Raises what ``fn`` raises."""
+    if values <= INLINE_MAX_VALUES and len(body) <= INLINE_MAX_BYTES:
         return fn(*args, **kwargs)
     return await off_loop(fn, *args, **kwargs)
 

@@ -166,7 +166,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     if principal.claims is not None and "create" not in principal.claims.scopes:
         raise ApiError(403, "forbidden", "this token does not grant create access")
     raw = read_body(request)
-    body = await off_loop_if_heavy(json_values_bound(raw), parse_json, raw, required=False)
+    body = await off_loop_if_heavy(raw, json_values_bound(raw), parse_json, raw, required=False)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
     refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
@@ -498,7 +498,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
         quota.charge(session_id, _publisher(principal), values)
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
-    idempotency, event = await off_loop_if_heavy(values, _parse_publish, request, body)
+    idempotency, event = await off_loop_if_heavy(body, values, _parse_publish, request, body)
     try:
         live = await _open_session(principal, session_id, "publish")
     except SessionClosedError:
@@ -598,7 +598,7 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         scope: Any = form.get("scope", "read")
     else:
         raw = read_body(request)
-        body = await off_loop_if_heavy(json_values_bound(raw), parse_json, raw, required=False)
+        body = await off_loop_if_heavy(raw, json_values_bound(raw), parse_json, raw, required=False)
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
         refuse_unknown_fields(body, _TOKEN_FIELDS, "invalid_request")

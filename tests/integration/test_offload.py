@@ -14,15 +14,22 @@ from typing import Any
 import pytest
 
 from sessions.web import validation, views
-from sessions.web.offload import BODY_WORKERS, INLINE_MAX_VALUES
+from sessions.web.offload import BODY_WORKERS, INLINE_MAX_BYTES, INLINE_MAX_VALUES
 from tests.integration.conftest import call
 from tests.integration.conftest import publish as publish_event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param([{}] * INLINE_MAX_VALUES, id="over-the-values"),
+        pytest.param("x" * INLINE_MAX_BYTES, id="over-the-bytes"),  # (3 values)
+    ],
+)
 async def test_other_requests_are_served_while_a_publish_body_is_validated(
-    make_session: Any, monkeypatch: pytest.MonkeyPatch
+    make_session: Any, monkeypatch: pytest.MonkeyPatch, data: Any
 ) -> None:
     sid = await make_session()
     entered, release = threading.Event(), threading.Event()
@@ -34,7 +41,7 @@ async def test_other_requests_are_served_while_a_publish_body_is_validated(
         return original(body)
 
     monkeypatch.setattr(views, "validate_publish_body", held)
-    large = {"type": "a", "data": [{}] * INLINE_MAX_VALUES}  # over INLINE_MAX_VALUES values
+    large = {"type": "a", "data": data}
     publishing = asyncio.create_task(publish_event(sid, large))
     try:
         async with asyncio.timeout(10):
