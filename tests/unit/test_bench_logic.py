@@ -1,4 +1,5 @@
-"""The bench's pure logic: Nchan ids, process-tree accounting, the Done-when ratio line.
+"""The bench's pure logic: Nchan ids, process-tree accounting, the Done-when ratio line,
+the paced publishers' sleeps.
 
 The benchmarks themselves never run under pytest (``bench/`` is outside ``testpaths``);
 these check the parts whose mistakes would silently skew a table.
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import nchan
+from bench import common, nchan
 from bench.loadgen import Subscriber
 from bench.measure import correctness, median_ratio_line
 from bench.servers import descendants, parse_stat, tree_stats
@@ -105,3 +106,35 @@ def test_correctness_flags_a_healthy_reader_evicted_but_not_a_stalled_one():
     # Issue 23: an eviction of a reader that keeps up is the server's failure, even announced.
     assert correctness({"evicted_subs": 2}) == "**EVICTED 2 subs**"
     assert correctness({"evicted_subs": 1, "stalled": 1}) == "OK"
+
+
+@pytest.mark.parametrize("paced", ["burst", "sessions"])
+def test_a_paced_publisher_sleeps_whole_milliseconds_not_a_spin(
+    paced: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uvloop returns at once from a sleep under 0.5 ms: sleeping until each due time of
+    # 4,000 events/s spun the server's loop (hundreds of thousands of wake-ups a second).
+    import uvloop
+
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def counted(delay: float) -> None:
+        sleeps.append(delay)
+        await real_sleep(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", counted)  # (bench.common calls asyncio.sleep)
+    published: list[dict[str, object]] = []
+
+    def publish(data: dict[str, object]) -> bool:
+        published.append(data)
+        return True
+
+    if paced == "burst":
+        run = common.run_burst(publish, 800, 60, 4000.0, 1)
+    else:
+        run = common.run_paced_sessions([publish] * 4, 1000.0, 0.2, (40, 60))
+    outcome = uvloop.run(run)
+    assert outcome["published"] == len(published) == 800
+    assert min(sleeps) >= common.MIN_SLEEP_S
+    assert len(sleeps) <= 0.2 / common.MIN_SLEEP_S + 1  # at most one per millisecond
