@@ -101,6 +101,6 @@ def quota_exceeded(error: Any) -> ApiError:
         str(error),
         retry_after_s=error.retry_after_s,
         quota=error.quota,
-        limit=error.limit,
+        limit=int(error.limit) if float(error.limit).is_integer() else error.limit,
         retryAfterS=error.retry_after_s,
     )

@@ -33,6 +33,8 @@ from typing import Final
 
 import orjson
 
+from sessions.wire.json_numbers import has_long_digit_run
+
 __all__ = [
     "MAX_KEY_LENGTH",
     "IdempotencyKey",
@@ -64,12 +66,20 @@ def request_digest(kind: str, body: bytes) -> str:
     body: pass ``b""``). A body that is JSON counts by its value, not its bytes: a retry
     that serialized the same object with its keys in another order or other whitespace
     is the same request (RFC 8259 objects are unordered); ``1`` and ``1.0`` stay apart.
-    A body that is not JSON (refused later with 400 anyway) counts byte for byte.
+    A body that is not JSON (refused later with 400 anyway) counts byte for byte, and so
+    does one with a run of 19 digits (:func:`~sessions.wire.json_numbers.has_long_digit_run`):
+    orjson reads integers beyond 64 bits as floats, so two of them would count as one.
     """
+    if has_long_digit_run(body):
+        return _digest(kind, b"\xfe" + body)  # (0xFE: no JSON text, nor 0xFF's, starts so)
     try:
         canonical = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS) if body else b""
     except orjson.JSONDecodeError:
         canonical = b"\xff" + body  # (no JSON text starts with 0xFF: never a JSON body's)
+    return _digest(kind, canonical)
+
+
+def _digest(kind: str, canonical: bytes) -> str:
     return hashlib.sha256(kind.encode() + b"\0" + canonical).hexdigest()
 
 

@@ -7,7 +7,6 @@ Every refusal is a 4xx :class:`~sessions.errors.ApiError` naming the field or th
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Any, Final
 
@@ -24,6 +23,12 @@ from sessions.backends.idempotency import (
 from sessions.conf import get_config
 from sessions.errors import ApiError
 from sessions.wire import sanitize_for_log
+from sessions.wire.json_numbers import (
+    ExactIntegers,
+    LongIntegersError,
+    finite_float,
+    has_long_digit_run,
+)
 
 __all__ = [
     "MAX_DATA_DEPTH",
@@ -55,8 +60,6 @@ RESERVED_TYPES: Final = frozenset(
         "session_closed",
     }
 )
-# A run of 19+ digits may be an integer beyond 64 bits, which orjson reads as a float.
-_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
 
 
 def read_body(request: HttpRequest) -> bytes:
@@ -85,16 +88,18 @@ def read_body(request: HttpRequest) -> bytes:
 def parse_json(body: bytes, *, required: bool) -> Any:
     """Return the JSON value of ``body``; ``{}`` when empty and not ``required``.
 
-    Raises ``ApiError`` 400 when it is not JSON (NaN and Infinity are not JSON). Integers
-    beyond 64 bits keep their exact value (orjson would read them as floats). CPU in
-    proportion to the number of values: call it through ``sessions.web.offload.off_loop``
-    for a body that may be large.
+    Raises ``ApiError`` 400 when it is not JSON (NaN, Infinity and numbers no float holds,
+    like ``1e400``, are not JSON). Integers beyond 64 bits keep their exact value (orjson
+    would read them as floats): a body with a run of 19 digits is read again by ``json``,
+    its long integers bounded in all (``sessions.wire.json_numbers``; 400 past it). CPU in
+    proportion to the number of values and bytes: call it through
+    ``sessions.web.offload.off_loop_if_heavy`` for a body that may be large.
     """
     if not body.strip():
         if required:
             raise ApiError(400, "invalid_json", "a JSON object body is required", field="")
         return {}
-    long_digits = _LONG_DIGITS.search(body) is not None
+    long_digits = has_long_digit_run(body)  # (sessions.wire.json_numbers)
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -103,7 +108,12 @@ def parse_json(body: bytes, *, required: bool) -> Any:
             raise ApiError(400, "invalid_json", _json_problem(body, exc), field="") from None
     if long_digits:
         try:
-            parsed = json.loads(body, parse_constant=_reject_constant)
+            parsed = json.loads(
+                body,
+                parse_constant=_reject_constant,
+                parse_float=finite_float,
+                parse_int=ExactIntegers(),
+            )
         except ValueError as exc:  # (json's own error is a ValueError too)
             raise ApiError(400, "invalid_json", _long_number_problem(exc), field="") from None
     return parsed
@@ -112,6 +122,8 @@ def parse_json(body: bytes, *, required: bool) -> Any:
 def _long_number_problem(exc: ValueError) -> str:
     """Say why a body with long numbers is refused (Python's cap on an integer's digits,
     ``sys.get_int_max_str_digits()``, or JSON that only orjson's overflow hid)."""
+    if isinstance(exc, LongIntegersError):
+        return str(exc)
     if "digits" in str(exc):
         return (
             "body is not valid JSON: an integer has more than "

@@ -52,7 +52,7 @@ from sessions.conf import SNAPSHOT_MAX_LIMIT, get_config
 from sessions.errors import ApiError, quota_exceeded
 from sessions.models import AgentSession, normalize_session_id
 from sessions.queries import request_user, session_row
-from sessions.web.offload import json_values_bound, off_loop_if_heavy
+from sessions.web.offload import json_values_bound, off_loop_if_heavy, parse_cost
 from sessions.web.responses import api_view, enforce_csrf
 from sessions.web.validation import (
     MAX_TITLE_LENGTH,
@@ -495,7 +495,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
             limit=limit,
         )
     try:
-        quota.charge(session_id, _publisher(principal), values)
+        quota.charge(session_id, _publisher(principal), parse_cost(body, values))
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
     idempotency, event = await off_loop_if_heavy(body, values, _parse_publish, request, body)

@@ -164,3 +164,21 @@ async def test_a_closed_sessions_keys_leave_the_process_budget_after_their_time_
     await _post(other, "close", None)  # (any close, or the housekeeping, drops expired stores)
     assert memory.key_budget.count == 0
     assert_error(await _post(sid, "events", "p", {"type": "a"}), 409, "session_closed")
+
+
+async def test_two_integers_beyond_64_bits_under_one_key_are_two_requests(make_session):
+    # orjson reads both as one float: a digest of its reading answered the second with the
+    # first's id, and the second event was lost without a word.
+    sid = await make_session()
+    headers = {**bearer(issue_token(sid, ["publish"])), "idempotency-key": "k"}
+    path = f"/session/{sid}/events"
+    first_body = b'{"type":"n","data":1234567890123456789012345}'
+    first = await call("POST", path, headers=headers, body=first_body)
+    assert first.status == 200
+    other = b'{"type":"n","data":1234567890123456789012399}'
+    assert_error(
+        await call("POST", path, headers=headers, body=other), 422, "idempotency_key_reused"
+    )
+    again = await call("POST", path, headers=headers, body=first_body)
+    assert (again.status, again.json()) == (200, first.json())
+    assert again.headers["idempotent-replayed"] == "true"

@@ -248,3 +248,15 @@ async def test_bodies_refused_for_too_many_values_are_charged_until_429(
         assert_error(await publish_event(sid, huge), 413, "too_many_values")
     body = assert_error(await publish_event(sid, huge), 429, "rate_limited")
     assert body["quota"] == "PUBLISH_VALUES_PER_S"
+
+
+async def test_a_large_body_of_few_values_is_charged_by_its_bytes_even_when_refused(
+    make_session: Any, qwenweb_settings: Any
+) -> None:
+    qwenweb_settings(PUBLISH_VALUES_PER_S=1000)  # a burst of 2000 values
+    sid = await make_session()
+    bad = {"type": "a", "data": "x" * 200_000, "unknown": 1}  # 3,125 values by its bytes
+    assert_error(await publish_event(sid, bad), 400, "invalid_event")
+    body = assert_error(await publish_event(sid, {"type": "b"}), 429, "rate_limited")
+    assert (body["quota"], body["limit"]) == ("PUBLISH_VALUES_PER_S", 1000)
+    assert isinstance(body["limit"], int)  # (the rate is a float setting: 1000, not 1000.0)
