@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final, ParamSpec, TypeVar
 
 __all__ = [
     "BODY_WORKERS",
-    "BYTES_PER_VALUE",
+    "BYTES_HEADROOM",
     "INLINE_MAX_BYTES",
     "INLINE_MAX_VALUES",
     "json_values_bound",
@@ -58,11 +59,10 @@ can still cost in proportion to their bytes. Measured on 2 MiB bodies of 3 value
 string 16 ms, ``\\u`` escapes 18 ms; 240 integers of 4,300 digits (exact, read by
 ``json``) 19 ms. At 4 KiB the worst of these is about 0.1 ms (one 4,096-digit integer)."""
 
-BYTES_PER_VALUE: Final = 64
-"""Bytes a body's parse is charged one JSON value for (:func:`parse_cost`): reading a
-2 MiB body costs a few milliseconds whatever its values (measured: ``orjson.loads`` of a
-2 MiB string 1.1 ms, the long-digit scan 1.3 ms, the values bound and the copy besides),
-about what 30,000 values cost."""
+BYTES_HEADROOM: Final = 2
+"""How many times the bytes quota's rate the values quota admits of bodies of few values
+(:func:`parse_cost`): the bytes quota still binds first on the events it admits, and the
+values quota on bodies refused after their count, which spend no bytes quota."""
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -105,9 +105,13 @@ def json_values_bound(body: bytes) -> int:
     return 1 + body.count(b"[") + body.count(b"{") + body.count(b",")
 
 
-def parse_cost(body: bytes, values: int) -> int:
+def parse_cost(body: bytes, values: int, values_per_s: float, bytes_per_s: float) -> int:
     """The JSON values ``body`` is charged against the values quotas: its values
-    (``values``, from :func:`json_values_bound`), or one per :data:`BYTES_PER_VALUE` bytes
-    if that is more, so a large body of few values (one long string) is paid for too, even
-    when it is then refused (400). Never raises."""
-    return max(values, len(body) // BYTES_PER_VALUE)
+    (``values``, from :func:`json_values_bound`), or, if that is more, its bytes at
+    ``values_per_s`` / (:data:`BYTES_HEADROOM` × ``bytes_per_s``) values per byte (the
+    session's ``PUBLISH_VALUES_PER_S`` and ``PUBLISH_BYTES_PER_S``).
+
+    Reading a large body of few values (one long string) costs milliseconds whatever its
+    values (``orjson`` 1.1 ms and the long-digit scan 1.3 ms for 2 MiB), and a body
+    refused 400 spends no bytes quota: this charges it. Never raises."""
+    return max(values, math.ceil(len(body) * values_per_s / (BYTES_HEADROOM * bytes_per_s)))

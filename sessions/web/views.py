@@ -480,7 +480,8 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     principal = await _authenticate(request)
     check_token_scope(principal, session_id, "publish")  # learns nothing more without it
     body = read_body(request)
-    values, limit = json_values_bound(body), get_config().publish_max_values
+    config = get_config()
+    values, limit = json_values_bound(body), config.publish_max_values
     quota = get_backend().values_quota
     if values > limit:  # one parse holds the GIL, the loop's too: bounded per body
         try:  # its count was work too: a flood of refused bodies meets the quota
@@ -494,8 +495,9 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
             "1 + its '[', '{' and ',' characters)",
             limit=limit,
         )
+    cost = parse_cost(body, values, config.publish_values_per_s, config.publish_bytes_per_s)
     try:
-        quota.charge(session_id, _publisher(principal), parse_cost(body, values))
+        quota.charge(session_id, _publisher(principal), cost)
     except QuotaExceededError as exc:
         raise quota_exceeded(exc) from None
     idempotency, event = await off_loop_if_heavy(body, values, _parse_publish, request, body)

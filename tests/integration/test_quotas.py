@@ -253,10 +253,13 @@ async def test_bodies_refused_for_too_many_values_are_charged_until_429(
 async def test_a_large_body_of_few_values_is_charged_by_its_bytes_even_when_refused(
     make_session: Any, qwenweb_settings: Any
 ) -> None:
-    qwenweb_settings(PUBLISH_VALUES_PER_S=1000)  # a burst of 2000 values
+    # A burst of 2000 values; one per 1000 bytes: 1,000 values/s over twice 500 kB/s.
+    qwenweb_settings(PUBLISH_VALUES_PER_S=1000, PUBLISH_BYTES_PER_S=500_000)
     sid = await make_session()
-    bad = {"type": "a", "data": "x" * 200_000, "unknown": 1}  # 3,125 values by its bytes
+    bad = {"type": "a", "data": "x" * 600_000, "unknown": 1}  # 600 values by its bytes
     assert_error(await publish_event(sid, bad), 400, "invalid_event")
-    body = assert_error(await publish_event(sid, {"type": "b"}), 429, "rate_limited")
+    assert_error(await publish_event(sid, bad), 400, "invalid_event")
+    assert_error(await publish_event(sid, bad), 400, "invalid_event")  # 1,800 spent
+    body = assert_error(await publish_event(sid, bad), 429, "rate_limited")
     assert (body["quota"], body["limit"]) == ("PUBLISH_VALUES_PER_S", 1000)
     assert isinstance(body["limit"], int)  # (the rate is a float setting: 1000, not 1000.0)
