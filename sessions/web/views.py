@@ -165,8 +165,7 @@ async def create_session(request: HttpRequest) -> HttpResponse:
     principal = await _authenticate(request)
     if principal.claims is not None and "create" not in principal.claims.scopes:
         raise ApiError(403, "forbidden", "this token does not grant create access")
-    raw = read_body(request)
-    body = await off_loop_if_heavy(raw, json_values_bound(raw), parse_json, raw, required=False)
+    body = await _optional_json_body(request)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
     refuse_unknown_fields(body, _CREATE_FIELDS, "invalid_request")
@@ -460,6 +459,13 @@ def _parse_publish(
     return idempotency, validate_publish_body(parse_json(body, required=True))
 
 
+async def _optional_json_body(request: HttpRequest) -> Any:
+    """The request's JSON body, ``{}`` when empty (:func:`parse_json`), parsed off the loop
+    when large (:func:`off_loop_if_heavy`). Raises ``ApiError`` 400 / 413."""
+    raw = read_body(request)
+    return await off_loop_if_heavy(raw, json_values_bound(raw), parse_json, raw, required=False)
+
+
 @api_view("POST", served_elsewhere=("GET", "HEAD"))  # GET, HEAD: the stream route
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /session/<id>/events``: publish one event; 200 ``{"id": N, "epoch": ...}``.
@@ -599,8 +605,7 @@ async def session_token(request: HttpRequest, session_id: str) -> HttpResponse:
         refuse_unknown_fields(form, _TOKEN_FORM_FIELDS, "invalid_request")
         scope: Any = form.get("scope", "read")
     else:
-        raw = read_body(request)
-        body = await off_loop_if_heavy(raw, json_values_bound(raw), parse_json, raw, required=False)
+        body = await _optional_json_body(request)
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "body must be a JSON object", field="")
         refuse_unknown_fields(body, _TOKEN_FIELDS, "invalid_request")

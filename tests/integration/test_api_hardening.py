@@ -67,8 +67,10 @@ async def test_an_integer_past_pythons_digit_cap_is_400_naming_it(make_session):
     ],
 )
 async def test_a_number_no_float_holds_is_400_beside_a_long_integer_too(make_session, body):
-    # A run of 19 digits sends the body to json, which read 1e400 as infinity: stored as
-    # null (200), or refused by the store as 409 session_closed. 1e400 alone was 400.
+    # The contract (shared/spec/event-bus.md §5, POST /session/<id>/events): a bad body is
+    # 400 with a field error; 409 is for a closed session only. A run of 19 digits sent the
+    # body to json, which read 1e400 as infinity: stored as null (200), or refused by the
+    # store as 409 session_closed. 1e400 alone was 400.
     session_id = await make_session()
     headers = bearer(issue_token(session_id, ["publish"]))
     response = await call("POST", f"/session/{session_id}/events", headers=headers, body=body)
