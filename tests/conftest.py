@@ -9,6 +9,7 @@ on its event loop at teardown; the run's keys are deleted when it ends
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -85,6 +86,12 @@ def _forget_operator_state() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A shell that starts `make test &` without job control makes it ignore SIGINT, and
+    # every server the tests start would inherit that: the tests that stop daphne and
+    # runserver with SIGINT (Ctrl-C) then waited 20 s for nothing. Handled, not ignored,
+    # SIGINT is back to its default in each child after exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if backend.USING_REDIS:
         backend.run_prefix()
         get_config.cache_clear()
