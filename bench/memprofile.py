@@ -1,6 +1,7 @@
 """Where an idle qwenweb stream's memory goes: top allocation sites per idle subscriber.
 
-``python -m bench.memprofile [--server serve|uvicorn] [--streams 500]`` starts one qwenweb
+``python -m bench.memprofile [--server serve|uvicorn] [--streams 500] [--group lineno]
+[--top 40]`` starts one qwenweb
 server with ``BENCH_TRACEMALLOC=1`` (tracing is on only in this tool, never in
 ``bench.run``), opens ``--streams`` idle streams with the load generator, and prints the
 Python allocation sites (by file) that grew, divided by the number of streams (code
@@ -33,6 +34,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.memprofile")
     parser.add_argument("--server", choices=("serve", "uvicorn"), default="uvicorn")
     parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument(
+        "--group", choices=("filename", "lineno"), default="filename",
+        help="one row per file (default) or per line",
+    )  # fmt: skip
+    parser.add_argument("--top", type=int, default=20, help="rows to print")
     args = parser.parse_args()
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="qwenweb-memprofile-", dir=shm) as tmp:
@@ -56,7 +62,8 @@ def main() -> None:
             _hold(spec)  # warm up: first-stream imports and caches
             post_json(server.port, "/bench/tracemalloc?action=mark&frames=1")
             rss0 = server.rss_kib()
-            report, rss1 = _hold({**spec, "subscribers": args.streams}, server)
+            query = f"action=report&top={args.top}&group={args.group}"
+            report, rss1 = _hold({**spec, "subscribers": args.streams}, server, query)
         finally:
             server.stop()
     per = args.streams
@@ -72,7 +79,9 @@ def main() -> None:
         print(f"| `{where}` | {row['size_diff'] / per:,.0f} | {row['count'] / per:.1f} |")
 
 
-def _hold(spec: dict[str, object], server: Server | None = None) -> tuple[dict[str, object], int]:
+def _hold(
+    spec: dict[str, object], server: Server | None = None, query: str = ""
+) -> tuple[dict[str, object], int]:
     """Open the idle streams; with ``server``, take the tracemalloc report while they are open."""
     process = spawn_loadgen(spec, interactive=True)
     assert process.stdin is not None
@@ -84,9 +93,7 @@ def _hold(spec: dict[str, object], server: Server | None = None) -> tuple[dict[s
         if server is not None:
             time.sleep(1.0)
             rss = server.rss_kib()
-            report = post_json(
-                server.port, "/bench/tracemalloc?action=report&top=20&group=filename"
-            )
+            report = post_json(server.port, f"/bench/tracemalloc?{query}")
         process.stdin.write(b"close\n")
         process.stdin.flush()
         process.wait(timeout=60)

@@ -8,8 +8,11 @@ exactly these options.
 
 What is set, and why (docs/deployment.md, "The server"):
 
-- ASGI interface with lifespan (``Interfaces.ASGI``), uvloop, HTTP/1.1 and HTTP/2
-  (``HTTPModes.auto``: HTTP/2 by ALPN over TLS, and prior knowledge in clear text).
+- ASGI interface with lifespan (``Interfaces.ASGI``), uvloop. Over TLS, HTTP/1.1 and
+  HTTP/2 by ALPN (``HTTPModes.auto``); in clear text HTTP/1.1 only (``HTTPModes.http1``):
+  browsers speak HTTP/2 only over TLS, and granian's detection of a clear-text HTTP/2
+  preface costs each connection about 12 KiB more (42.0 against 30.3 KiB per idle
+  stream at 1,000 streams, docs/benchmarks.md, issue 23).
 - Limits for long-lived streams: the listen backlog is ``SERVER_BACKLOG`` (default 4096),
   and granian's *backpressure* (the requests one worker serves at once; by default
   backlog / workers, about 1,000, so the 1,001st stream would wait for ever) is the
@@ -118,7 +121,7 @@ def granian_options(
         "port": port,
         "interface": Interfaces.ASGI,
         "loop": Loops.uvloop,
-        "http": HTTPModes.auto,
+        "http": HTTPModes.auto if certfile is not None else HTTPModes.http1,
         "websockets": True,
         "workers": workers,
         "backlog": config.server_backlog,
