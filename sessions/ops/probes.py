@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import orjson
+from asgiref.sync import markcoroutinefunction
 from asgiref.typing import ASGIReceiveCallable as Receive
 from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import HTTPScope as Scope
@@ -83,11 +84,16 @@ class ProbeApplication:
     def __init__(self, fallback: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.fallback = fallback
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @markcoroutinefunction
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """Answer a probe, or return ``fallback``'s awaitable for any other request (no
+        frame of this one held while a stream lasts: memory per idle stream, issue 23)."""
         path = scope.get("path", "")
         if scope["type"] != "http" or path not in ("/healthz", "/readyz", "/metrics"):
-            await self.fallback(scope, receive, send)
-            return
+            return self.fallback(scope, receive, send)
+        return self._probe(scope, send, path)
+
+    async def _probe(self, scope: Scope, send: Send, path: str) -> None:
         try:
             if scope["method"] not in ("GET", "HEAD"):
                 raise ApiError(405, "method_not_allowed", f"{path} answers GET and HEAD")
