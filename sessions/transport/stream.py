@@ -56,6 +56,7 @@ from sessions.transport.admission import (
     max_queued_or_error,
 )
 from sessions.transport.compressed import GZIP_HEADERS, CompressedSend, stream_codec
+from sessions.transport.disconnect import DisconnectWatch
 from sessions.transport.evicted_linger import Linger
 from sessions.transport.peer_timeout import PeerTimeouts
 from sessions.transport.pump import SseFramer, WriterIdleTimeoutError, pump_frames
@@ -77,13 +78,6 @@ _STREAM_HEADERS: Final = (
     (b"x-accel-buffering", b"no"),
     (b"vary", b"accept-encoding"),
 )
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 class SessionEventsRoute:
@@ -241,17 +235,9 @@ class SessionEventsRoute:
         """
         config = self.backend.config
         subscription, live = admitted.subscription, admitted.live
-        disconnected = False
-
-        async def watch() -> None:
-            nonlocal disconnected
-            await _wait_for_disconnect(receive)
-            disconnected = True
-            subscription.abort()  # EB-20: gone at once; this also ends the pump's wait
-
-        # The pump runs in this task and only the watcher gets its own: one task per
-        # stream fewer, which is memory per idle stream.
-        watcher = asyncio.ensure_future(watch())
+        # EB-20: gone at once; the abort also ends the pump's wait. The pump runs in this
+        # task and the watch has none of its own (memory per idle stream, issue 23).
+        watch = DisconnectWatch(receive, subscription.abort)
         error: Exception | None = None
         linger = Linger.attach(scope, subscription, config)  # B21: the kernel waits too
         try:
@@ -266,7 +252,7 @@ class SessionEventsRoute:
             )
         except WriterIdleTimeoutError as idle:
             linger.expired()  # an evicted reader's linger ran out: reset, not an orphan
-            if not disconnected:
+            if not watch.disconnected:
                 live.bus.evict(subscription, "writer_idle_timeout", idleS=idle.idle_s)
                 reason, _ = admitted.ended_by_bus() or (STREAM_ERROR, "")
                 return reason, "writer_idle_timeout"
@@ -275,9 +261,8 @@ class SessionEventsRoute:
         finally:
             linger.close()
             subscription.abort()
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-        if disconnected:
+            watch.close()
+        if watch.disconnected:
             # The client went away: nothing more to write, nothing to log.
             return admitted.ended_by_bus() or (CLIENT_DISCONNECT, "")
         if error is not None:  # EB-19
