@@ -42,6 +42,7 @@ from typing import Any, Final, Protocol
 
 from sessions.bus.frame import Frame, synthetic_frame
 from sessions.bus.limits import GRACE_BYTES_RATIO, WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
+from sessions.bus.sweep import sweeper
 
 __all__ = ["Subscription", "SubscriptionStats"]
 
@@ -151,7 +152,8 @@ class Subscription:
         overflow_grace_s: float = 0.0,
     ) -> None:
         self._bus = bus
-        self._items: deque[_Item] = deque()
+        # A deque only while frames are queued (an empty one is 0.6 KiB per idle stream).
+        self._items: deque[_Item] | tuple[()] = ()
         self._waiter: asyncio.Future[None] | None = None
         self._live_count = 0
         self._live_bytes = 0
@@ -202,8 +204,10 @@ class Subscription:
 
         Raises ``StopAsyncIteration`` once the subscription has ended and its queue is
         drained. Like ``__anext__`` it is cancellation-safe (a frame is never lost), and
-        it waits with one timer handle instead of an ``asyncio.timeout`` scope, which
-        matters on the per-frame path of the writer. Each call (not :meth:`next_nowait`)
+        it waits with a deadline of the loop's :class:`~sessions.bus.sweep.Sweeper` (up to
+        an eighth of ``timeout_s`` late, at most 1 s) instead of an ``asyncio.timeout``
+        scope or a timer handle of its own, which matters on the per-frame path of the
+        writer and for the memory of an idle stream. Each call (not :meth:`next_nowait`)
         is the consumer coming back for frames: it ends an overflow episode (EB-3).
         """
         self._visits += 1
@@ -213,11 +217,12 @@ class Subscription:
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
             self._waiter = waiter
-            timer = loop.call_later(timeout_s, _expire, waiter)
+            deadlines = sweeper(loop)  # (a timer handle per wait: memory per idle stream)
+            deadlines.call_at(waiter, loop.time() + timeout_s, _expire, timeout_s / 8)
             try:
                 await waiter
             finally:
-                timer.cancel()
+                deadlines.cancel(waiter)
                 if self._waiter is waiter:
                     self._waiter = None
             if not self._items:
@@ -234,7 +239,11 @@ class Subscription:
         """
         if not self._items:
             return None
-        item = self._items.popleft()
+        items = self._items
+        assert isinstance(items, deque)
+        item = items.popleft()
+        if not items:
+            self._items = ()
         frame = item.frame
         if item.live and self._live_count:
             self._live_count -= 1
@@ -265,7 +274,7 @@ class Subscription:
             return
         self._ended = True
         self._end_reason = "aborted"
-        self._items.clear()
+        self._items = ()
         self._live_count = self._live_bytes = 0
         if self._bus is not None:
             self._bus._detach(self)
@@ -314,8 +323,14 @@ class Subscription:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _enqueue(self, item: _Item) -> None:
+        items = self._items
+        if not isinstance(items, deque):
+            items = self._items = deque()
+        items.append(item)
+
     def _force_push(self, frame: Frame) -> None:
-        self._items.append(_Item(frame, live=False))
+        self._enqueue(_Item(frame, live=False))
         self._wake()
 
     def _push(self, frame: Frame) -> str | None:
@@ -323,7 +338,7 @@ class Subscription:
         if self._waiter is not None and not self._waiter.done() and not self._items:
             # A consumer is already waiting: hand it over without byte sizing. It still
             # goes through the deque, so a consumer cancelled right now loses nothing.
-            self._items.append(_Item(frame, live=False))
+            self._enqueue(_Item(frame, live=False))
             self._wake()
             return None
         if self._live_count >= self.max_queued and self._blocked():
@@ -334,7 +349,7 @@ class Subscription:
                 nbytes > GRACE_BYTES_RATIO * self.max_queued_bytes or self._blocked()
             ):
                 return "queue_bytes_overflow"
-        self._items.append(_Item(frame, live=True))
+        self._enqueue(_Item(frame, live=True))
         self._live_count += 1
         self._live_bytes += frame.nbytes
         self._wake()
@@ -343,7 +358,7 @@ class Subscription:
     def _end(self, reason: str, terminal: Frame | None = None) -> None:
         """Close with drain: queued frames, then ``terminal`` (if any), then iteration ends."""
         if terminal is not None:
-            self._items.append(_Item(terminal, live=False))
+            self._enqueue(_Item(terminal, live=False))
         self._ended = True
         self._end_reason = reason
         self._bus = None
@@ -460,5 +475,6 @@ class Subscription:
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
+    # (the deadline of a wait: it ends without a frame)
     if not waiter.done():
         waiter.set_result(None)

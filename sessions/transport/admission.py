@@ -19,7 +19,6 @@ query at a time.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import secrets
 import time
@@ -61,6 +60,7 @@ from sessions.bus import (
     Subscription,
     synthetic_frame,
 )
+from sessions.bus.sweep import MAX_PERIOD_S, sweeper
 from sessions.errors import ApiError, backend_unavailable
 from sessions.hooks import ConnectionInfo
 from sessions.models import SubscriberConnection, normalize_session_id
@@ -149,7 +149,7 @@ class Subscribed:
     subscription: Subscription
     principal: Principal
     info: ConnectionInfo
-    expiry: asyncio.TimerHandle | None
+    expiry: _Expiry | None
 
     def release(self) -> None:
         """Detach the subscriber and stop its expiry timer. Idempotent, never raises."""
@@ -396,8 +396,9 @@ def _credential_details(principal: Principal, owner_id: int | None) -> dict[str,
 
 def _end_at_expiry(
     live: LiveSession, subscription: Subscription, principal: Principal
-) -> asyncio.TimerHandle | None:
-    """End the subscription with ``stream_error`` (``token_expired``) when its token expires.
+) -> _Expiry | None:
+    """End the subscription with ``stream_error`` (``token_expired``) when its token expires
+    (up to :data:`~sessions.bus.sweep.MAX_PERIOD_S` later).
 
     The client then asks for a fresh token and resumes with its cursor. None for a login
     session (no expiry). Never raises.
@@ -405,7 +406,25 @@ def _end_at_expiry(
     claims = principal.claims
     if claims is None or claims.expires_at is None:
         return None
-    end = functools.partial(
-        live.bus.disconnect, subscription, "token_expired", frame=expired_frame()
-    )
-    return asyncio.get_running_loop().call_later(max(0.0, claims.expires_at - time.time()), end)
+    return _Expiry(live, subscription, max(0.0, claims.expires_at - time.time()))
+
+
+class _Expiry:
+    """A token's expiry as a deadline of the loop's :class:`~sessions.bus.sweep.Sweeper`
+    (a timer handle and its callback per stream were 0.8 KiB of an idle stream)."""
+
+    __slots__ = ("_sweeper", "live", "subscription")
+
+    def __init__(self, live: LiveSession, subscription: Subscription, delay_s: float) -> None:
+        self.live = live
+        self.subscription = subscription
+        loop = asyncio.get_running_loop()
+        self._sweeper = sweeper(loop)
+        self._sweeper.call_at(self, loop.time() + delay_s, _Expiry._fire, MAX_PERIOD_S)
+
+    def _fire(self) -> None:
+        self.live.bus.disconnect(self.subscription, "token_expired", frame=expired_frame())
+
+    def cancel(self) -> None:
+        """Forget the deadline. Idempotent, never raises."""
+        self._sweeper.cancel(self)

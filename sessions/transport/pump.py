@@ -27,6 +27,7 @@ from asgiref.typing import ASGISendCallable as Send
 from asgiref.typing import ASGISendEvent as Message
 
 from sessions.bus import Frame, Subscription
+from sessions.bus.sweep import sweeper
 from sessions.hooks import ConnectionObserver
 from sessions.wire import HEARTBEAT, FrameEncoder
 
@@ -101,9 +102,11 @@ class _IdleWatch:
 
     An ``asyncio.timeout`` scope around every ``send`` was a third of the pump's time when
     each event is its own ``send`` (docs/benchmarks.md, issue 23). Here a ``send`` costs two
-    attribute writes and a clock read; the timer wakes once per ``idle_s`` (or when the
-    pending ``send`` reaches ``idle_s``) and cancels the pump's task only if one ``send``
-    has been pending that long. :func:`pump_frames` turns that cancellation into
+    attribute writes and a clock read; a deadline of the loop's
+    :class:`~sessions.bus.sweep.Sweeper` (not a timer handle per stream: memory per idle
+    stream) comes once per ``idle_s`` (or when the pending ``send`` reaches ``idle_s``,
+    up to an eighth of ``idle_s`` late, at most 1 s) and cancels the pump's task only if
+    one ``send`` has been pending that long. :func:`pump_frames` turns that cancellation into
     :class:`WriterIdleTimeoutError`. A subscriber the bus already evicted gets
     ``linger_s`` more in all, from when the idle bound first passed, so that a reader
     frozen while it was evicted still reads its last frames (``slow_client_warning``,
@@ -111,11 +114,11 @@ class _IdleWatch:
     """
 
     __slots__ = (
-        "_handle",
         "_linger_s",
         "_linger_until",
         "_loop",
         "_subscription",
+        "_sweeper",
         "_task",
         "fired",
         "idle_s",
@@ -133,7 +136,8 @@ class _IdleWatch:
         self.idle_s = idle_s
         self.started: float | None = None  # loop time the pending send began, or None
         self.fired = False
-        self._handle = self._loop.call_later(idle_s, self._check)
+        self._sweeper = sweeper(self._loop)
+        self._due(self._loop.time() + idle_s)
 
     def _check(self) -> None:
         started, now = self.started, self._loop.time()
@@ -142,16 +146,20 @@ class _IdleWatch:
                 if self._linger_until is None:
                     self._linger_until = now + self._linger_s
                 if now < self._linger_until:
-                    self._handle = self._loop.call_at(self._linger_until, self._check)
+                    self._sweeper.call_at(
+                        self, self._linger_until, _IdleWatch._check, self.idle_s / 8
+                    )
                     return
             self.fired = True
             self._task.cancel()
             return
-        due = started + self.idle_s if started is not None else now + self.idle_s
-        self._handle = self._loop.call_at(due, self._check)
+        self._due(started + self.idle_s if started is not None else now + self.idle_s)
+
+    def _due(self, when: float) -> None:
+        self._sweeper.call_at(self, when, _IdleWatch._check, self.idle_s / 8)
 
     def close(self) -> None:
-        self._handle.cancel()
+        self._sweeper.cancel(self)
 
 
 async def _send_watched(send: Send, message: Message, watch: _IdleWatch | None) -> None:
