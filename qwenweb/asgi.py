@@ -1,10 +1,12 @@
-"""ASGI entry point: Channels routes the event stream in front of Django (EB-22).
+"""ASGI entry point: the event stream is routed in front of Django (EB-22).
 
 ``GET /ws`` (a WebSocket) goes to :class:`sessions.transport.websocket.WebSocketRoute`.
 ``GET /session/<id>/events`` goes to :class:`sessions.transport.stream.SessionEventsRoute`, a plain
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
-including ``POST`` to the same path, goes to Django. The ASGI ``lifespan`` scope goes to
+including ``POST`` to the same path, goes to Django (:class:`sessions.transport.routes.Routes`
+matches HTTP paths with Django's patterns; Channels' ``ProtocolTypeRouter`` and
+``URLRouter`` route the scope types and the WebSocket). The ASGI ``lifespan`` scope goes to
 :data:`sessions.ops.lifecycle.lifespan_app`. ``/healthz``, ``/readyz`` and ``/metrics`` are
 answered first, by :class:`sessions.ops.probes.ProbeApplication`, before Django's
 ``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
@@ -21,12 +23,13 @@ django_application: Any = get_asgi_application()
 
 # Imported after Django is set up: they use models and settings.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import get_resolver, path, re_path  # noqa: E402
+from django.urls import get_resolver, path  # noqa: E402
 
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.body_deadline import BodyDeadline  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
+from sessions.transport.routes import Routes  # noqa: E402
 from sessions.transport.stream import SessionEventsRoute  # noqa: E402
 from sessions.transport.websocket import WebSocketRoute  # noqa: E402
 
@@ -42,14 +45,9 @@ router = ProtocolTypeRouter(
         # GET /ws: many sessions over one WebSocket (sessions.transport.websocket).
         "websocket": URLRouter([path("ws", websocket_application)]),
         "http": ProbeApplication(
-            URLRouter(
-                [
-                    path(
-                        "session/<str:session_id>/events",
-                        stream_application,
-                    ),
-                    re_path(r"", django_application),
-                ]
+            Routes(
+                [path("session/<str:session_id>/events", stream_application)],
+                fallback=django_application,
             )
         ),
     }

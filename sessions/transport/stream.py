@@ -126,7 +126,7 @@ class SessionEventsRoute:
         if scope["method"] not in ("GET", "HEAD"):
             await self.fallback(scope, receive, send)
             return
-        # Channels' URLRouter adds ``url_route``, which is no key of the ASGI scope.
+        # The router (Routes, or Channels' URLRouter) adds ``url_route``, no key of the ASGI scope.
         session_id = cast("dict[str, Any]", scope)["url_route"]["kwargs"]["session_id"]
         cors = _cors(scope, headers)
         if process_state.draining:

@@ -1,0 +1,63 @@
+"""``sessions.transport.routes.Routes``: HTTP dispatch by Django route patterns, in place."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.urls import path
+
+from sessions.transport.routes import Routes
+
+Calls = list[tuple[str, dict[str, Any]]]
+
+
+def _app(name: str, calls: Calls) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        calls.append((name, scope))
+
+    return app
+
+
+def _routes(calls: Calls) -> Routes:
+    return Routes(
+        [path("session/<str:session_id>/events", _app("stream", calls))],
+        fallback=_app("django", calls),
+    )
+
+
+def _call(routes: Routes, scope: dict[str, Any]) -> None:
+    asyncio.run(routes(scope, None, None))  # type: ignore[arg-type]
+
+
+def test_a_matching_path_reaches_its_route_with_the_captured_values_in_the_same_scope() -> None:
+    calls: Calls = []
+    scope: dict[str, Any] = {"type": "http", "path": "/session/s-1/events"}
+    _call(_routes(calls), scope)
+    assert calls == [("stream", scope)]
+    assert calls[0][1] is scope  # no copy: nothing more held per stream
+    assert scope["url_route"] == {"args": (), "kwargs": {"session_id": "s-1"}}
+
+
+def test_every_other_path_goes_to_the_fallback_untouched() -> None:
+    for other in ("/session/s-1/events/more", "/session/s-1", "/sessions/s-1/events", "/"):
+        calls: Calls = []
+        scope: dict[str, Any] = {"type": "http", "path": other}
+        _call(_routes(calls), scope)
+        assert [name for name, _ in calls] == ["django"], other
+        assert "url_route" not in scope
+
+
+def test_root_path_is_taken_off_before_matching() -> None:
+    calls: Calls = []
+    scope: dict[str, Any] = {"type": "http", "path": "/app/session/x/events", "root_path": "/app"}
+    _call(_routes(calls), scope)
+    assert [name for name, _ in calls] == ["stream"]
+    assert scope["url_route"]["kwargs"] == {"session_id": "x"}
+
+
+def test_it_is_taken_for_an_asgi3_application() -> None:
+    from asgiref.compatibility import is_double_callable
+
+    assert not is_double_callable(_routes([]))
+    assert asyncio.iscoroutinefunction(_routes([]).__call__)
