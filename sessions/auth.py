@@ -54,6 +54,13 @@ TOKEN_SALT: Final = "qwenweb.sessions.token"  # noqa: S105 - a salt, not a secre
 SCOPES: Final = frozenset({"read", "publish", "create"})
 ANY_SESSION: Final = "*"
 _MAX_TOKEN_LENGTH: Final = 4096
+_SCOPE_SETS: dict[frozenset[str], frozenset[str]] = {}
+"""One shared frozenset per subset of :data:`SCOPES` (at most 8): every open stream holds
+its token's claims, and a set per stream was 0.2 KiB of an idle one (issue 23)."""
+
+
+def _shared_scopes(scopes: frozenset[str]) -> frozenset[str]:
+    return _SCOPE_SETS.setdefault(scopes, scopes)  # (subsets of SCOPES only: bounded)
 
 
 class TokenError(Exception):
@@ -170,7 +177,7 @@ def verify_token(token: str, *, max_age_s: int | None = None) -> TokenClaims:
         raise TokenError("invalid token")
     return TokenClaims(
         session_id=sid,
-        scopes=frozenset(scopes) & SCOPES,
+        scopes=_shared_scopes(frozenset(scopes) & SCOPES),
         subject=subject,
         user_id=versions[0],
         user_version=versions[1],

@@ -23,6 +23,7 @@ What it announces
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
@@ -149,7 +150,7 @@ class SessionEventsRoute:
         request = AdmissionRequest(
             session_id=session_id,
             authorization=headers.get(b"authorization"),
-            load_user=lambda: login_user_from_cookie(headers.get(b"cookie")),
+            load_user=functools.partial(login_user_from_cookie, headers.get(b"cookie")),
             last_event_id=headers.get(b"last-event-id"),
             epoch=headers.get(b"x-event-epoch"),
             max_queued=_max_queued(scope.get("query_string", b"")),
@@ -172,6 +173,7 @@ class SessionEventsRoute:
         except SubscriberLimitError as limit:
             await self._limit_reached(send, limit.live, limit.limit, cors)
             return
+        del request, headers  # (this frame lasts as long as the stream: hold no more)
         live = admitted.live
         if not live.stream_compression:  # the session's own switch (EB-17)
             codec = None
