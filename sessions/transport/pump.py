@@ -214,8 +214,43 @@ async def pump_frames(
         if writer_idle_timeout_s is None
         else _IdleWatch(writer_idle_timeout_s, subscription, linger_s)
     )
+    # One coroutine per stream (the loop is not a function of its own): a frame held for
+    # as long as the stream lasts is memory per idle stream (issue 23).
     try:
-        await _pump(subscription, send, heartbeat_interval_s, observer, framer, watch)
+        while True:
+            try:
+                frame = await subscription.next_frame(heartbeat_interval_s)
+            except StopAsyncIteration:
+                return
+            if frame is None:
+                heartbeat = framer.heartbeat()
+                if heartbeat is not None:
+                    await _send_watched(send, heartbeat[0], watch)
+                    subscription.bytes_sent += heartbeat[1]
+                    observer.bytes_written(heartbeat[1])
+                continue
+            frames = []
+            wires = []
+            payloads = []
+            size = 0
+            while True:
+                wire, payload = framer.encode(frame)
+                frames.append(frame)
+                wires.append(wire)
+                payloads.append(payload)
+                size += len(wire)
+                if size >= MAX_BATCH_BYTES:
+                    break
+                queued = subscription.next_nowait()
+                if queued is None:
+                    break
+                frame = queued
+            for message in framer.messages(wires):
+                await _send_watched(send, message, watch)
+            subscription.bytes_sent += size  # one add per batch: operators' bytes per second
+            for index, written in enumerate(frames):
+                observer.frame_written(written, wires[index], payloads[index])
+
     except asyncio.CancelledError:
         # The watch cancelled the task (and nobody else did): the socket took nothing.
         task = asyncio.current_task()
@@ -225,46 +260,3 @@ async def pump_frames(
     finally:
         if watch is not None:
             watch.close()
-
-
-async def _pump(
-    subscription: Subscription,
-    send: Send,
-    heartbeat_interval_s: float,
-    observer: ConnectionObserver,
-    framer: Framer,
-    watch: _IdleWatch | None,
-) -> None:
-    while True:
-        try:
-            frame = await subscription.next_frame(heartbeat_interval_s)
-        except StopAsyncIteration:
-            return
-        if frame is None:
-            heartbeat = framer.heartbeat()
-            if heartbeat is not None:
-                await _send_watched(send, heartbeat[0], watch)
-                subscription.bytes_sent += heartbeat[1]
-                observer.bytes_written(heartbeat[1])
-            continue
-        frames = []
-        wires = []
-        payloads = []
-        size = 0
-        while True:
-            wire, payload = framer.encode(frame)
-            frames.append(frame)
-            wires.append(wire)
-            payloads.append(payload)
-            size += len(wire)
-            if size >= MAX_BATCH_BYTES:
-                break
-            queued = subscription.next_nowait()
-            if queued is None:
-                break
-            frame = queued
-        for message in framer.messages(wires):
-            await _send_watched(send, message, watch)
-        subscription.bytes_sent += size  # one add per batch: operators' bytes per second
-        for index, written in enumerate(frames):
-            observer.frame_written(written, wires[index], payloads[index])
