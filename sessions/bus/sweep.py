@@ -55,12 +55,14 @@ class Sweeper:
         deadline. ``callback`` should not raise (what it raises is logged)."""
         self._entries[key] = (when, callback)
         period = max(MIN_PERIOD_S, min(slack, self._period))
+        handle = self._handle
         if period < self._period:
             self._period = period
-            if self._handle is not None:
-                self._handle.cancel()
-                self._handle = None
-        if self._handle is None:
+            loop = self._loop()
+            if handle is not None and loop is not None and handle.when() > loop.time() + period:
+                handle.cancel()  # (a sweep due sooner than the new period stays as it is)
+                self._handle = handle = None
+        if handle is None:
             loop = self._loop()
             if loop is not None:
                 self._handle = loop.call_later(self._period, self._sweep)
@@ -80,22 +82,27 @@ class Sweeper:
         now = loop.time()
         entries = self._entries
         due = [key for key, (when, _) in entries.items() if when <= now]
-        for key in due:
-            entry = entries.get(key)
-            if entry is None or entry[0] > now:  # (cancelled or moved by an earlier callback)
-                continue
-            del entries[key]
-            try:
-                entry[1](key)
-            except Exception:
-                logger.exception("sweep_callback_failed")
-        if entries and self._handle is None:
-            self._handle = loop.call_later(self._period, self._sweep)
+        try:
+            for key in due:
+                entry = entries.get(key)
+                if entry is None or entry[0] > now:  # (cancelled or moved by a callback)
+                    continue
+                del entries[key]
+                try:
+                    entry[1](key)
+                except Exception:
+                    logger.exception("sweep_callback_failed")
+        finally:  # (even past a BaseException: the other deadlines keep their timer)
+            if entries and self._handle is None:
+                self._handle = loop.call_later(self._period, self._sweep)
 
 
-_SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Sweeper] = (
+_SWEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Sweeper]] = (
     weakref.WeakKeyDictionary()
 )
+"""Each loop's sweeper, weakly: a sweeper with deadlines is kept by its pending timer
+(which holds the loop), one without is made again when needed, so the registry never keeps
+a loop alive."""
 
 
 def sweeper(loop: asyncio.AbstractEventLoop | None = None) -> Sweeper:
@@ -103,7 +110,9 @@ def sweeper(loop: asyncio.AbstractEventLoop | None = None) -> Sweeper:
     one)."""
     if loop is None:
         loop = asyncio.get_running_loop()
-    found = _SWEEPERS.get(loop)
+    ref = _SWEEPERS.get(loop)
+    found = ref() if ref is not None else None
     if found is None:
-        found = _SWEEPERS[loop] = Sweeper(loop)
+        found = Sweeper(loop)
+        _SWEEPERS[loop] = weakref.ref(found)
     return found
