@@ -10,9 +10,15 @@ from qwenweb.granian_server import granian_options
 from sessions.conf import get_config
 
 
-def _options(**tls: Path) -> dict[str, object]:
+def _options(certfile: Path | None = None, keyfile: Path | None = None) -> dict[str, object]:
     return granian_options(
-        bind="127.0.0.1", port=8000, workers=1, config=get_config(), fd_limit=1024, **tls
+        bind="127.0.0.1",
+        port=8000,
+        workers=1,
+        config=get_config(),
+        fd_limit=1024,
+        certfile=certfile,
+        keyfile=keyfile,
     )
 
 
