@@ -1,7 +1,7 @@
 """Where an idle qwenweb stream's memory goes: top allocation sites per idle subscriber.
 
 ``python -m bench.memprofile [--server serve|uvicorn] [--streams 500] [--group lineno]
-[--top 40]`` starts one qwenweb
+[--top 40] [--accept-encoding gzip]`` starts one qwenweb
 server with ``BENCH_TRACEMALLOC=1`` (tracing is on only in this tool, never in
 ``bench.run``), opens ``--streams`` idle streams with the load generator, and prints the
 Python allocation sites (by file) that grew, divided by the number of streams (code
@@ -39,6 +39,9 @@ def main() -> None:
         help="one row per file (default) or per line",
     )  # fmt: skip
     parser.add_argument("--top", type=int, default=20, help="rows to print")
+    parser.add_argument(
+        "--accept-encoding", default="", help="the streams' Accept-Encoding (e.g. gzip)"
+    )
     args = parser.parse_args()
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="qwenweb-memprofile-", dir=shm) as tmp:
@@ -59,6 +62,8 @@ def main() -> None:
                 "subscribers": 8,
                 "timeout_s": 60,
             }
+            if args.accept_encoding:
+                spec["accept_encoding"] = args.accept_encoding
             _hold(spec)  # warm up: first-stream imports and caches
             post_json(server.port, "/bench/tracemalloc?action=mark&frames=1")
             rss0 = server.rss_kib()

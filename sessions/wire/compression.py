@@ -31,6 +31,7 @@ __all__ = [
     "GZIP_LEVEL",
     "GZIP_MEM_LEVEL",
     "GZIP_WINDOW_BITS",
+    "STORED_MAX",
     "GzipStream",
     "negotiate",
 ]
@@ -43,6 +44,13 @@ which is what they repeat."""
 GZIP_MEM_LEVEL: Final = 1
 """zlib's ``memLevel`` (1 … 9): the hash table's size; 1 costs about 1 % of the bytes and
 saves about 250 KiB per context against the default 8."""
+
+STORED_MAX: Final = 64
+"""A write of at most this many bytes while no deflate context is held (the ``retry:``
+line, a heartbeat of an idle stream) goes out as a stored deflate block (RFC 1951
+§3.2.4: 5 bytes of framing) instead of taking a context for a few bytes: an idle stream
+then never allocates one, which the allocator would not give back whole (1.8 KiB per
+idle gzipped stream, issue 23)."""
 
 # RFC 1952 §2.3: magic, CM = 8 (deflate), no flags, no mtime, XFL 0, OS 255 (unknown).
 _GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
@@ -118,7 +126,8 @@ class GzipStream:
         return self._context is not None
 
     def write(self, data: bytes) -> bytes:
-        """Compress ``data`` and return bytes that complete its decoding (``Z_SYNC_FLUSH``).
+        """Compress ``data`` and return bytes that complete its decoding (``Z_SYNC_FLUSH``;
+        a stored block for at most :data:`STORED_MAX` bytes while no context is held).
 
         The first call's answer starts with the gzip header. Raises ValueError after
         :meth:`end`.
@@ -127,11 +136,13 @@ class GzipStream:
             raise ValueError("the gzip stream has ended")
         head = b"" if self._started else _GZIP_HEADER
         self._started = True
-        context = self._context
-        if context is None:
-            context = self._context = self._new_context()
         self._crc = zlib.crc32(data, self._crc)
         self._length += len(data)
+        context = self._context
+        if context is None:
+            if len(data) <= STORED_MAX:  # (byte-aligned, like a sync flush's end)
+                return head + b"\x00" + struct.pack("<HH", len(data), len(data) ^ 0xFFFF) + data
+            context = self._context = self._new_context()
         out = context.compress(data) + context.flush(zlib.Z_SYNC_FLUSH)
         return head + out if head else out
 

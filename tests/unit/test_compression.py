@@ -12,7 +12,7 @@ import pytest
 
 from sessions.transport.compressed import CompressedSend
 from sessions.wire import HEARTBEAT
-from sessions.wire.compression import GzipStream, negotiate
+from sessions.wire.compression import STORED_MAX, GzipStream, negotiate
 
 FRAME = b'id: %d\nevent: session_update\ndata: {"v":1,"id":%d,"data":{"text":"w%d "}}\n\n'
 
@@ -60,6 +60,24 @@ def test_released_contexts_still_make_one_member_with_a_valid_trailer():
     assert gzip.decompress(body) == b"".join(frames)  # checks CRC-32 and length
 
 
+def test_small_writes_without_a_context_take_none_and_still_decode_at_once():
+    # The retry line and an idle stream's heartbeats: stored blocks, no context (memory).
+    stream, inflate = GzipStream(), zlib.decompressobj(31)
+    pieces = [b"retry: 1000\n\n", HEARTBEAT, FRAME % (1, 1, 1), HEARTBEAT, b"x" * STORED_MAX]
+    body = b""
+    for index, piece in enumerate(pieces):
+        if index == 3:
+            stream.release()  # (a heartbeat after an idle spell)
+        out = stream.write(piece)
+        assert inflate.decompress(out) == piece
+        assert stream.holds_context == (index == 2), index
+        body += out
+    body += stream.write(b"y" * (STORED_MAX + 1))  # (larger: compressed, with a context)
+    assert stream.holds_context
+    body += stream.end()
+    assert gzip.decompress(body) == b"".join(pieces) + b"y" * (STORED_MAX + 1)
+
+
 def test_end_is_idempotent_and_ends_writing():
     stream = GzipStream()
     body = stream.end(b"only")
@@ -88,7 +106,7 @@ def test_compressed_send_gives_the_context_back_after_a_heartbeat():
 
     async def run() -> CompressedSend:
         wrapped = CompressedSend(send)
-        await wrapped({"type": "http.response.body", "body": b"a\n\n", "more_body": True})
+        await wrapped({"type": "http.response.body", "body": FRAME % (1, 1, 1), "more_body": True})
         assert wrapped.holds_context
         await wrapped({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
         assert not wrapped.holds_context
@@ -96,5 +114,5 @@ def test_compressed_send_gives_the_context_back_after_a_heartbeat():
         return wrapped
 
     asyncio.run(run())
-    assert gzip.decompress(b"".join(map(_body, sent))) == b"a\n\n" + HEARTBEAT
+    assert gzip.decompress(b"".join(map(_body, sent))) == FRAME % (1, 1, 1) + HEARTBEAT
     assert [m["more_body"] for m in sent] == [True, True, False]
