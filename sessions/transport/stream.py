@@ -86,8 +86,8 @@ class SessionEventsRoute:
 
     ``GET`` and ``HEAD`` are served here; any other method is handed to ``fallback``
     (Django, for ``POST`` = publish). Expects ``scope["url_route"]["kwargs"]
-    ["session_id"]`` (Channels' ``URLRouter``). Without a bearer token it reads the
-    Django login session from the request's cookie itself (so a plain ``EventSource``
+    ["session_id"]`` (:class:`~sessions.transport.routes.Routes`). Without a bearer token
+    it reads the Django login session from the request's cookie itself (so a plain ``EventSource``
     works for logged-in users).
 
     Args:
