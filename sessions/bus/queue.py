@@ -89,7 +89,7 @@ class Subscription:
     Iteration ends (``StopAsyncIteration``) after the terminal frame when the bus evicts
     the subscriber, disconnects it or closes, or at once after :meth:`abort`. Waiting for
     the next frame is cancellation-safe: a cancelled ``__anext__`` loses no frame, so a
-    caller may bound each wait with ``asyncio.timeout`` (the route does, for heartbeats).
+    caller may bound each wait with ``asyncio.timeout`` (:meth:`next_frame` takes a timeout).
 
     Attributes:
         label: what log lines call this subscriber (``subscriber=<label>``).

@@ -44,7 +44,10 @@ class DisconnectWatch:
         self._next()
 
     def _next(self) -> None:
-        awaitable = self._receive()
+        try:
+            awaitable = self._receive()
+        except Exception:  # (raised before it awaited: the watch ends, as documented)
+            return
         pending = awaitable if asyncio.isfuture(awaitable) else asyncio.ensure_future(awaitable)
         self._pending = pending
         pending.add_done_callback(self._received)

@@ -98,7 +98,8 @@ class WriterIdleTimeoutError(Exception):
 
 
 class _IdleWatch:
-    """The writer idle timeout: one timer per stream, not an ``asyncio.timeout`` per send.
+    """The writer idle timeout: one sweeper deadline per stream, not an ``asyncio.timeout``
+    per send.
 
     An ``asyncio.timeout`` scope around every ``send`` was a third of the pump's time when
     each event is its own ``send`` (docs/benchmarks.md, issue 23). Here a ``send`` costs two
@@ -144,7 +145,8 @@ class _IdleWatch:
         if started is not None and now - started >= self.idle_s:
             if self._subscription.evicted:
                 if self._linger_until is None:
-                    self._linger_until = now + self._linger_s
+                    # (from when the bound passed, not from this late check)
+                    self._linger_until = started + self.idle_s + self._linger_s
                 if now < self._linger_until:
                     self._sweeper.call_at(
                         self, self._linger_until, _IdleWatch._check, self.idle_s / 8

@@ -3,15 +3,16 @@
 Rules: EB-12 ... EB-20 and EB-22 (docs/protocol.md, "The stream").
 
 Concurrency model
-    This is a plain ASGI application routed by Channels in front of Django's
-    ``ASGIHandler`` (``qwenweb.asgi``), so an open stream is one coroutine on the server's
-    event loop: no OS thread is pinned per stream (EB-22). Database work (the login
-    session, loading a session's row) runs through ``database_sync_to_async`` for the
-    duration of one query. While the stream is open, two tasks run side by side: the
-    *pump* (:mod:`sessions.transport.pump`) moves frames from the subscription to
-    ``send`` and writes heartbeats, and the *watcher* waits for ``http.disconnect``.
-    Whichever ends first ends the other, and the subscription is aborted in ``finally``
-    (EB-20).
+    This is a plain ASGI application routed in front of Django's ``ASGIHandler``
+    (``qwenweb.asgi``, :mod:`sessions.transport.routes`), so an open stream is one
+    coroutine on the server's event loop: no OS thread is pinned per stream (EB-22).
+    Database work (the login session, loading a session's row) runs through
+    ``database_sync_to_async`` for the duration of one query. While the stream is open
+    the *pump* (:mod:`sessions.transport.pump`) moves frames from the subscription to
+    ``send`` and writes heartbeats in the request's own task, and a
+    :class:`~sessions.transport.disconnect.DisconnectWatch` (callbacks, no task) waits for
+    ``http.disconnect``. A disconnect aborts the subscription, which ends the pump; the
+    subscription is aborted in ``finally`` either way (EB-20).
 
 What it announces
     Each attached subscriber is announced to the process's :class:`~sessions.hooks.Hooks`

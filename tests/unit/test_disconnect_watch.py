@@ -296,3 +296,15 @@ async def test_a_receive_failing_after_close_is_not_reported(
     tasks_created.clear()
     gc.collect()
     assert loop_errors == []
+
+
+def test_a_receive_that_raises_before_awaiting_ends_the_watch_quietly() -> None:
+    calls: list[str] = []
+
+    def receive() -> Any:
+        raise RuntimeError("the server's receive failed at once")
+
+    watch = DisconnectWatch(receive, lambda: calls.append("disconnect"))
+    assert not watch.disconnected
+    watch.close()  # nothing pending: still fine
+    assert calls == []
