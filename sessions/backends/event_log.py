@@ -24,7 +24,13 @@ Group commit
     The writer takes the first waiting operation, then everything else that is already
     waiting (up to :data:`MAX_BATCH`), and runs them in one ``BEGIN IMMEDIATE`` ...
     ``COMMIT``: operations arriving while a commit runs go into the next one, so a burst
-    shares the cost of one commit. A batch that fails (disk full, I/O error) is rolled back
+    shares the cost of one commit. A batch of appends that fits one INSERT (no key, no
+    close) is that one statement, atomic on its own: each statement lets go of the GIL,
+    and under a busy loop waits for it again, so the common commit waits once instead of
+    four times. The row count in ``meta`` (a figure for ``/metrics``, nothing decides by
+    it) is written by the other commits (the trim step, once a second) and at a clean
+    stop, not with every append: after a crash it may lag by a second of appends. A batch
+    that fails (disk full, I/O error) is rolled back
     and every operation in it fails with :class:`StorageFullError` or
     :class:`EventLogError`; nothing of it was acknowledged.
 
@@ -39,11 +45,11 @@ Files
     writer's lifetime (:class:`LogLockedError` when another process holds it). WAL mode,
     ``synchronous`` NORMAL (survives a process crash) or FULL (survives a power loss);
     the WAL is checkpointed (``PASSIVE``) by a thread of its own with its own connection,
-    every :data:`CHECKPOINT_INTERVAL_S` or sooner after :data:`CHECKPOINT_EVERY_COMMITS`
-    commits (a checkpoint syncs the files: in the writer's thread it would stall commits
-    for the length of an fsync), and ``journal_size_limit`` truncates it, so it stays
-    bounded. ``auto_vacuum=INCREMENTAL``:
-    freed pages go back to the file system a few at a time (:meth:`EventLog.trim`).
+    every :data:`CHECKPOINT_INTERVAL_S` or sooner once the WAL is past
+    :data:`CHECKPOINT_WAL_BYTES` (a checkpoint syncs the files: in the writer's thread it
+    would stall commits for the length of an fsync), and ``journal_size_limit`` truncates
+    it, so it stays bounded. ``auto_vacuum=INCREMENTAL``: freed pages go back to the file
+    system a few at a time (:meth:`EventLog.trim`).
 """
 
 from __future__ import annotations
@@ -106,9 +112,12 @@ RELEASE_SLICE_BYTES: Final = 64 * 1024
 """Bytes of appended event bodies handed back per loop turn, at most this plus one event:
 a subscriber's queue grows by no more than that per turn while its pump waits on one
 ``send`` (a 32nd of the default byte cap, a quarter of what the pump writes at once)."""
-CHECKPOINT_EVERY_COMMITS: Final = 200
 CHECKPOINT_INTERVAL_S: Final = 1.0
-"""A passive WAL checkpoint after this many commits (SQLite's own is every 1000 pages)."""
+"""A passive WAL checkpoint at least this often (s)."""
+CHECKPOINT_WAL_BYTES: Final = 16 * 1024 * 1024
+"""A passive WAL checkpoint as soon as the WAL file is found larger than this (looked at
+every 20 commits). Checkpoints cost the commits beside them (they sync both files): at a
+few per second they set the tail of publish-to-receive latency (issue 24)."""
 JOURNAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
 """Bytes the WAL file is truncated to after a checkpoint."""
 
@@ -148,6 +157,7 @@ class LogStats:
     commits: int = 0
     rows: int = 0
     file_bytes: int = 0
+    wal_bytes: int = 0
     batch_sizes: list[int] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
     failing: str = ""
@@ -196,6 +206,7 @@ class EventLog:
         self._lock_fd: int | None = None
         self._failed_from: dict[str, int] = {}
         self._commits = 0
+        self._persisted_rows = 0
         self._closed = False
         self._torn = False
         self._rows = Rows()
@@ -436,7 +447,7 @@ class EventLog:
             generation += 1
             logger.warning("event_log_new_generation path=%s reason=torn_wal", path)
         self.generation = generation
-        self.stats.rows = int(meta.get("rows", "0"))
+        self.stats.rows = self._persisted_rows = int(meta.get("rows", "0"))
         conn.execute("BEGIN IMMEDIATE")
         if version != SCHEMA_VERSION:
             migrate(conn, version)
@@ -481,6 +492,7 @@ class EventLog:
         conn = self._conn
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
+                self._persist_rows(conn)
                 conn.execute("INSERT OR REPLACE INTO meta VALUES ('clean', '1')")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._drop_connection()
@@ -503,17 +515,23 @@ class EventLog:
                 raise StorageFullError(
                     f"event log {self.path} is past EVENT_LOG_MAX_BYTES ({self.max_bytes} bytes)"
                 )
-            conn.execute("BEGIN IMMEDIATE")
-            rows_before = self.stats.rows
             self._rows.clear()
-            for item in batch:
-                item.result = self._apply(conn, item)
-            self._rows.flush(conn)
-            if self.stats.rows != rows_before:
-                conn.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('rows', ?)", (str(self.stats.rows),)
-                )
-            conn.execute("COMMIT")
+            if all(type(item.op) is Append for item in batch):
+                for item in batch:
+                    item.result = self._apply(conn, item)
+                if self._rows.one_statement:  # (atomic on its own: one GIL wait, not four)
+                    self._rows.flush(conn)
+                else:
+                    conn.execute("BEGIN IMMEDIATE")
+                    self._rows.flush(conn)
+                    conn.execute("COMMIT")
+            else:
+                conn.execute("BEGIN IMMEDIATE")
+                for item in batch:
+                    item.result = self._apply(conn, item)
+                self._rows.flush(conn)
+                self._persist_rows(conn)
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -546,10 +564,10 @@ class EventLog:
             self.stats.latencies_s.append(time.monotonic() - started)
             del self.stats.batch_sizes[:-1000], self.stats.latencies_s[:-1000]
             self._commits += 1
-            if self._commits % CHECKPOINT_EVERY_COMMITS == 0:
-                self._checkpoint_due.set()
             if self._commits % 20 == 0:
                 self._measure()
+                if self.stats.wal_bytes > CHECKPOINT_WAL_BYTES:
+                    self._checkpoint_due.set()
         try:
             self.loop.call_soon_threadsafe(self._release, batch, error)
         except RuntimeError:  # the loop is closed (a test's, or shutdown): nobody waits
@@ -585,12 +603,20 @@ class EventLog:
         self._failed_from.pop(op.session_id, None)
         return read_session(conn, op, self.generation)
 
+    def _persist_rows(self, conn: sqlite3.Connection) -> None:
+        """Write the row count to ``meta`` if it changed since it was last written (in the
+        caller's transaction: the trim step's commits and a clean stop, not every append)."""
+        if self.stats.rows != self._persisted_rows:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('rows', ?)", (str(self.stats.rows),))
+            self._persisted_rows = self.stats.rows
+
     def _measure(self) -> None:
-        total = 0
-        for suffix in ("", "-wal"):
+        sizes = [0, 0]
+        for index, suffix in enumerate(("", "-wal")):
             with contextlib.suppress(OSError):
-                total += os.stat(f"{self.path}{suffix}").st_size
-        self.stats.file_bytes = total
+                sizes[index] = os.stat(f"{self.path}{suffix}").st_size
+        self.stats.file_bytes = sizes[0] + sizes[1]
+        self.stats.wal_bytes = sizes[1]
 
     def trim_step(
         self,

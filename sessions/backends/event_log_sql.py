@@ -5,8 +5,9 @@ Called on the log's writer thread, inside its transaction, with its one connecti
 Tables: ``meta`` (schema, deployment, boot id, clean stop, generation, rows), ``heads``
 (per session: epoch, the epoch's first id, the next id, the generation it belongs to,
 when it closed, and for a forked epoch its gap and lineage), ``events`` (per session and
-id: type, envelope JSON without ``id``, when committed), ``keys`` (idempotency keys with
-their first answer).
+id: type, envelope JSON without ``id``, when committed; the trigger
+``events_advance_head`` moves the head's next id past every inserted event, in the same
+statement), ``keys`` (idempotency keys with their first answer).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ CREATE TABLE IF NOT EXISTS events (
     at REAL NOT NULL,
     UNIQUE (session_id, id)
 );
+CREATE TRIGGER IF NOT EXISTS events_advance_head AFTER INSERT ON events BEGIN
+    UPDATE heads SET next_id = max(next_id, NEW.id + 1) WHERE session_id = NEW.session_id;
+END;
 CREATE TABLE IF NOT EXISTS keys (
     session_id TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -181,17 +185,23 @@ def _insert_events_sql(rows: int) -> str:
 
 
 class Rows:
-    """The appends of one commit, written with one ``executemany`` per table."""
+    """The appends of one commit, written with one INSERT per :data:`ROWS_PER_INSERT`
+    events (the trigger advances each head) and one ``executemany`` for their keys."""
 
-    __slots__ = ("events", "heads", "keys")
+    __slots__ = ("closes", "events", "keys")
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int, str, bytes, float]] = []
         self.keys: list[tuple[str, str, str, int, str, float]] = []
-        self.heads: dict[str, tuple[int, float | None]] = {}
+        self.closes: dict[str, float] = {}
 
     def clear(self) -> None:
-        self.events, self.keys, self.heads = [], [], {}
+        self.events, self.keys, self.closes = [], [], {}
+
+    @property
+    def one_statement(self) -> bool:
+        """Whether :meth:`flush` runs at most one statement (atomic without a transaction)."""
+        return not self.keys and not self.closes and len(self.events) <= ROWS_PER_INSERT
 
     def add(self, op: Append) -> float:
         now = time.time()
@@ -199,8 +209,8 @@ class Rows:
         if op.key is not None:
             key, digest, epoch = op.key
             self.keys.append((op.session_id, key, digest, op.event_id, epoch, now))
-        closed = self.heads.get(op.session_id, (0, None))[1]
-        self.heads[op.session_id] = (op.event_id + 1, now if op.closes else closed)
+        if op.closes:
+            self.closes[op.session_id] = now
         return now
 
     def flush(self, conn: sqlite3.Connection) -> None:
@@ -213,11 +223,10 @@ class Rows:
             conn.execute(_insert_events_sql(len(chunk)), [v for row in chunk for v in row])
         if self.keys:
             conn.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?, ?, ?, ?)", self.keys)
-        for session_id, (next_id, closed_at) in self.heads.items():
+        for session_id, closed_at in self.closes.items():
             conn.execute(
-                "UPDATE heads SET next_id = max(next_id, ?), closed_at = coalesce(?, closed_at) "
-                "WHERE session_id = ?",
-                (next_id, closed_at, session_id),
+                "UPDATE heads SET closed_at = ? WHERE session_id = ?",
+                (closed_at, session_id),
             )
         self.clear()
 
