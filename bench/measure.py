@@ -146,6 +146,12 @@ def spread(values: list[float | None] | list[float]) -> str:
     return f"{fmt(min(clean))}–{fmt(max(clean))}"
 
 
+def max_over_min(values: list[float | None] | list[float]) -> str:
+    """The largest value divided by the smallest (repetitions' stability), or ``-``."""
+    clean = [v for v in values if v is not None and v == v and v > 0]
+    return f"{max(clean) / min(clean):.2f}×" if len(clean) > 1 else "-"
+
+
 def fmt(value: float | None, digits: int = 3) -> str:
     if value is None or value != value:
         return "-"

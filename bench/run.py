@@ -40,6 +40,7 @@ from bench.measure import (
     cpu_ratio,
     fate,
     fmt,
+    max_over_min,
     med,
     median_ratio_line,
     merge_correctness,
@@ -206,9 +207,9 @@ class Bench:
         unit = "events/s" if subscribers == 1 else "deliveries/s (events × subscribers)"
         rows = [
             f"| contender | events × subscribers | {unit}, median | spread | × floor | "
-            "× django-eventstream | server CPU µs per delivery | × floor by CPU | "
-            "loadgen CPU busy | lost / duplicated |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+            "× django-eventstream | server CPU µs per delivery | CPU spread (max ÷ min) | "
+            "× floor by CPU | loadgen CPU busy | lost / duplicated |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         floor_cpu = med(cpu[FLOOR])
         for name in self.contenders:
@@ -218,6 +219,7 @@ class Bench:
                 f"| {name} | {count:,} × {subscribers} | {fmt(med(values))} | {spread(values)} | "
                 f"{ratio_cell(paired(per_rep, name, FLOOR))} | "
                 f"{ratio_cell(paired(per_rep, name, EVENTSTREAM))} | {fmt(med(cpu[name]))} | "
+                f"{spread(cpu[name])} ({max_over_min(cpu[name])}) | "
                 f"{cpu_ratio(floor_cpu, med(cpu[name]))} | "
                 f"{fmt(100 * (med(client_cpu[name]) or 0), 2)} % | "
                 f"{merge_correctness(cells[name])} |"
