@@ -15,10 +15,10 @@ import importlib
 import importlib.metadata
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["agent_turns", "document_text", "split_tokens"]
+__all__ = ["agent_turns", "document_text", "last_turn", "split_tokens"]
 
 
 def document_text() -> list[tuple[str, str]]:
@@ -36,14 +36,18 @@ def split_tokens(text: str) -> list[str]:
     return re.findall(r"\S+\s*|\s+", text)
 
 
-def agent_turns() -> Iterator[tuple[str, dict[str, Any], int]]:
+def agent_turns(run: str = "1", first_turn: int = 1) -> Iterator[tuple[str, dict[str, Any], int]]:
     """Yield ``(type, data, tokens)`` for one scripted run; ``tokens`` paces the sender.
 
     A turn per document: the user's prompt, a tool call that "reads" the document,
-    the agent's answer streamed chunk by chunk, then ``turn_complete``.
+    the agent's answer streamed chunk by chunk, then ``turn_complete`` with the turn's
+    number (``first_turn``, ``first_turn + 1``, ...). Tool call ids are
+    ``call_<run>_<turn>``: give each run of a session its own ``run`` (a session's tool
+    call ids are unique in it, and the page shows one card per id), and ``first_turn``
+    one more than the session's last turn so that a session played twice counts on.
     """
-    for turn, (title, text) in enumerate(document_text(), start=1):
-        call_id = f"call_{turn}"
+    for turn, (title, text) in enumerate(document_text(), start=first_turn):
+        call_id = f"call_{run}_{turn}"
         yield (
             "session_update",
             {
@@ -88,3 +92,15 @@ def agent_turns() -> Iterator[tuple[str, dict[str, Any], int]]:
                 1,
             )
         yield ("turn_complete", {"stopReason": "end_turn", "turn": turn}, 10)
+
+
+def last_turn(envelopes: Iterable[Mapping[str, Any]]) -> int:
+    """The number of the newest ``turn_complete`` among ``envelopes`` (newest first; each
+    ``{"type": ..., "data": ...}``), 0 when none says one. Never raises."""
+    for envelope in envelopes:
+        if envelope.get("type") == "turn_complete":
+            data = envelope.get("data")
+            number = data.get("turn") if isinstance(data, Mapping) else None
+            if isinstance(number, int) and not isinstance(number, bool) and number > 0:
+                return number
+    return 0

@@ -14,6 +14,7 @@ import logging
 import uuid
 from typing import Final
 
+import orjson
 from django.http import HttpRequest, JsonResponse
 
 from sessions.auth import can_view
@@ -26,7 +27,7 @@ from sessions.backends.base import (
 )
 from sessions.models import normalize_session_id
 from sessions.queries import request_user, session_row
-from sessions.scripted_agent import agent_turns
+from sessions.scripted_agent import agent_turns, last_turn
 from sessions.web.responses import error_response
 
 __all__ = [
@@ -116,7 +117,8 @@ async def run_demo_agent(session_id: str, *, chunks_per_s: float = DEMO_CHUNKS_P
     is closed or deleted. Returns the number of events published.
     """
     published = 0
-    for event_type, data, tokens in agent_turns():
+    run = uuid.uuid4().hex[:8]  # this run's tool call ids: call_<run>_<turn>
+    for event_type, data, tokens in agent_turns(run, await _next_turn(session_id)):
         await asyncio.sleep(tokens / chunks_per_s)
         # One key per event, the same on every try: a publish that timed out but was
         # stored is not stored twice (docs/protocol.md, "Idempotent publish").
@@ -150,6 +152,22 @@ async def _publish_with_retries(
             if attempt + 1 < DEMO_PUBLISH_ATTEMPTS:
                 await asyncio.sleep(DEMO_RETRY_PAUSE_S)
     return 0  # the demo skips what it could not publish while Redis is away
+
+
+async def _next_turn(session_id: str) -> int:
+    """One more than the session's newest ``turn_complete`` in its ring (1 if none), so a
+    session played twice (a second ``make demo``) counts its turns on. Never raises."""
+    try:
+        live = await get_backend().get_live_session(session_id)
+    except (SessionClosedError, SessionNotFoundError, BackendUnavailableError):
+        return 1  # (the publish loop meets the same and says so)
+    ring = live.bus.ring
+    newest_first = (
+        orjson.loads(frame.json)
+        for frame in ring.newest(len(ring))
+        if frame.type == "turn_complete" and frame.json is not None
+    )
+    return last_turn(newest_first) + 1
 
 
 def _demo_finished(session_id: str, task: asyncio.Task[int]) -> None:

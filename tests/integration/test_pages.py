@@ -12,6 +12,7 @@ import json
 import re
 import uuid
 
+import orjson
 import pytest
 
 from sessions.web import demo as pages
@@ -20,6 +21,7 @@ from tests.integration.conftest import (
     call,
     close,
     csrf_headers,
+    live_bus,
     load,
     login_cookie,
 )
@@ -211,6 +213,24 @@ async def test_demo_agent_publishes_the_whole_script_in_order(make_session):
     assert [e["id"] for e in snapshot["events"]] == list(range(1, count + 1))
     assert snapshot["events"][0]["data"]["sessionUpdate"] == "user_message_chunk"
     assert snapshot["events"][-1]["type"] == "turn_complete"
+
+
+async def test_a_second_demo_run_counts_its_turns_on_with_tool_call_ids_of_its_own(make_session):
+    # `make demo` twice: the session (its history kept) is played again. The page shows
+    # one card per toolCallId: a reused id would move the second run's tool calls onto
+    # the first run's cards.
+    sid = await make_session()
+    async with asyncio.timeout(10):
+        first = await pages.run_demo_agent(sid, chunks_per_s=1e9)
+        second = await pages.run_demo_agent(sid, chunks_per_s=1e9)
+    events = [orjson.loads(frame.json) for frame in live_bus(sid).ring]
+    assert len(events) == first + second == 2 * first
+    turns = [e["data"]["turn"] for e in events if e["type"] == "turn_complete"]
+    assert turns == [1, 2, 3, 4]
+    calls = [
+        e["data"]["toolCallId"] for e in events if e["data"].get("sessionUpdate") == "tool_call"
+    ]
+    assert len(calls) == len(set(calls)) == 4
 
 
 async def test_demo_agent_stops_quietly_when_the_session_is_closed(make_session):

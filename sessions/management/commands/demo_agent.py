@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from django.core.management import BaseCommand, CommandError
@@ -33,13 +34,16 @@ class Command(BaseCommand):
         if not rate > 0:
             raise CommandError("--tokens-per-s must be positive")
         publisher = Publisher(options["url"], options["session_id"], options["token"])
+        turn = 1
         try:
             while True:
                 count = last_id = 0
-                for event_type, data, tokens in agent_turns():
+                run = uuid.uuid4().hex[:8]  # each run's own tool call ids
+                for event_type, data, tokens in agent_turns(run, turn):
                     time.sleep(tokens / rate)
                     last_id = publisher.publish(event_type, data)
                     count += 1
+                    turn += event_type == "turn_complete"
                 self.stdout.write(f"demo agent: published {count} events (last id {last_id})")
                 if not options["loop"]:
                     return
