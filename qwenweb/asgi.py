@@ -5,8 +5,8 @@
 async handler that pins no OS thread while it streams (Django's ``ASGIHandler`` keeps one
 thread per in-flight request for as long as its response streams). Everything else,
 including ``POST`` to the same path, goes to Django (:class:`sessions.transport.routes.Routes`
-matches HTTP paths with Django's patterns; Channels' ``ProtocolTypeRouter`` and
-``URLRouter`` route the scope types and the WebSocket). The ASGI ``lifespan`` scope goes to
+matches HTTP paths with Django's patterns, :class:`~sessions.transport.routes.ScopeTypes`
+the scope types; Channels' ``URLRouter`` routes the WebSocket). The ASGI ``lifespan`` scope goes to
 :data:`sessions.ops.lifecycle.lifespan_app`. ``/healthz``, ``/readyz`` and ``/metrics`` are
 answered first, by :class:`sessions.ops.probes.ProbeApplication`, before Django's
 ``ALLOWED_HOSTS`` check: probes and scrapers send an IP as the Host.
@@ -22,14 +22,14 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "qwenweb.settings")
 django_application: Any = get_asgi_application()
 
 # Imported after Django is set up: they use models and settings.
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
 from django.urls import get_resolver, path  # noqa: E402
 
 from sessions.ops.lifecycle import lifespan_app  # noqa: E402
 from sessions.ops.probes import ProbeApplication  # noqa: E402
 from sessions.transport.body_deadline import BodyDeadline  # noqa: E402
 from sessions.transport.cookies import JoinCookieHeaders  # noqa: E402
-from sessions.transport.routes import Routes  # noqa: E402
+from sessions.transport.routes import Routes, ScopeTypes  # noqa: E402
 from sessions.transport.stream import SessionEventsRoute  # noqa: E402
 from sessions.transport.websocket import WebSocketRoute  # noqa: E402
 
@@ -37,7 +37,7 @@ from sessions.transport.websocket import WebSocketRoute  # noqa: E402
 stream_application: Any = SessionEventsRoute(django_application)
 websocket_application: Any = WebSocketRoute()
 
-router = ProtocolTypeRouter(
+router = ScopeTypes(
     {
         # Startup attaches the server loop, shutdown ends the streams and flushes the
         # records (sessions.ops.lifecycle.LifespanApp).

@@ -128,8 +128,9 @@ class SessionEventsRoute:
         if scope["method"] not in ("GET", "HEAD"):
             await self.fallback(scope, receive, send)
             return
-        # The router (Routes, or Channels' URLRouter) adds ``url_route``, no key of the ASGI scope.
-        session_id = cast("dict[str, Any]", scope)["url_route"]["kwargs"]["session_id"]
+        # The router (Routes, or Channels' URLRouter) adds ``url_route``, no key of the ASGI
+        # scope. Taken out: the server keeps the scope as long as the stream (464 bytes).
+        session_id = cast("dict[str, Any]", scope).pop("url_route")["kwargs"]["session_id"]
         cors = _cors(scope, headers)
         if process_state.draining:
             await self._draining(send, session_id, cors)

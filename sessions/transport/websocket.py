@@ -3,7 +3,7 @@
 Rules: EB-12 … EB-21 as for the SSE route; docs/protocol.md, "The WebSocket transport".
 
 Concurrency model
-    A plain ASGI application routed by Channels' ``ProtocolTypeRouter`` (``qwenweb.asgi``):
+    A plain ASGI application routed by scope type (``qwenweb.asgi``, ``ScopeTypes``):
     one socket is its own coroutine (the command loop, which reads ``receive`` and runs
     one command at a time), one *pump* task per subscription
     (:func:`sessions.transport.pump.pump_frames` with a

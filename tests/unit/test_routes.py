@@ -1,13 +1,15 @@
-"""``sessions.transport.routes.Routes``: HTTP dispatch by Django route patterns, in place."""
+"""``sessions.transport.routes``: ``Routes`` (HTTP dispatch by Django route patterns, in place)
+and ``ScopeTypes`` (dispatch by scope type)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
 from django.urls import path
 
-from sessions.transport.routes import Routes
+from sessions.transport.routes import Routes, ScopeTypes
 
 Calls = list[tuple[str, dict[str, Any]]]
 
@@ -61,3 +63,21 @@ def test_it_is_taken_for_an_asgi3_application() -> None:
 
     assert not is_double_callable(_routes([]))
     assert asyncio.iscoroutinefunction(_routes([]).__call__)
+
+
+def test_scope_types_hand_each_type_to_its_application_without_a_frame_of_their_own() -> None:
+    calls: Calls = []
+    router = ScopeTypes({"http": _app("http", calls), "lifespan": _app("lifespan", calls)})
+    assert asyncio.iscoroutinefunction(router.__call__)  # (servers that check get ASGI 3)
+    for kind in ("http", "lifespan"):
+        scope: dict[str, Any] = {"type": kind}
+        awaitable = router(scope, None, None)
+        assert awaitable.cr_code.co_name == "app"  # type: ignore[attr-defined]  # the app's own
+        asyncio.run(awaitable)  # type: ignore[arg-type]
+        assert calls[-1] == (kind, scope)
+
+
+def test_scope_types_refuse_a_type_without_an_application() -> None:
+    router = ScopeTypes({"http": _app("http", [])})
+    with pytest.raises(ValueError, match="'websocket'"):
+        router({"type": "websocket"}, None, None)
