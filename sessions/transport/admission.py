@@ -178,8 +178,11 @@ class Subscribed:
         """Judge the subscriber by ``principal``'s credentials from now on (a token refresh).
 
         The revocation details and the expiry timer follow the new token; the queue and
-        the cursor are untouched. Never raises.
+        the cursor are untouched. A subscription that has ended (evicted, closed,
+        released) is left as it is: no expiry timer is armed for it. Never raises.
         """
+        if self.subscription.ended:
+            return
         self.principal = principal
         details = dict(self.subscription.details or {})
         details.update(_credential_details(principal, self.live.owner_id))

@@ -359,6 +359,12 @@ class _Socket:
             check_access(principal, live.session_id, live.owner_id, "read")
         except ApiError as refusal:
             raise _refusal(refusal, command, raw, self.route.hooks) from None
+        if self.entries.get(key) is not entry or entry.admitted.subscription.ended:
+            # (it ended while the token was checked: its last frames are on their way)
+            raise CommandError(
+                "not_subscribed", "this socket does not carry the session", ref=command.ref,
+                session=raw,
+            )  # fmt: skip
         entry.admitted.renew(principal)
         await self._send_text(reply(command.ref, raw))
 
