@@ -77,6 +77,7 @@ __all__ = [
     "SessionNotFoundError",
     "SnapshotPage",
     "StoreFigures",
+    "session_closed_event",
 ]
 
 logger = logging.getLogger("qwenweb.backend")
@@ -87,6 +88,14 @@ RENEWAL_RETRY_S = 5.0
 OPERATOR_STATS_TIMEOUT_S = 2.0
 #: A session's publish token buckets hold this many seconds of their rate (the burst).
 PUBLISH_BURST_S: Final = 2.0
+
+
+def session_closed_event(reason: str, closed_by: str) -> dict[str, Any]:
+    """The ``session_closed`` event a backend's :meth:`Backend.close_session` publishes:
+    ``{"type": "session_closed", "data": {"reason": ..., "closedBy": ...}}`` (EB-9)."""
+    return {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
+
+
 OPERATOR_DISCONNECT: Final = "operator_disconnect"
 """The ``reason`` of a subscriber an operator disconnected (:meth:`Backend.disconnect_subscriber`
 with ``by``): its terminal frame's ``reason`` and its record's end reason."""

@@ -47,7 +47,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from sessions.backends import rows
-from sessions.backends.base import Health, LiveSession, Published, StoreFigures
+from sessions.backends.base import (
+    Health,
+    LiveSession,
+    Published,
+    StoreFigures,
+    session_closed_event,
+)
 from sessions.backends.closed_history import history_kept
 from sessions.backends.errors import (
     BackendStartError,
@@ -561,7 +567,7 @@ class DurableBackend(MemoryBackend):
             if first is not None:
                 answer: Published = await self._wait(first)
                 return replace(answer, replayed=True)
-        event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
+        event = session_closed_event(reason, closed_by)
         appended = self._append(live, event, idempotency, closes=True)
         if appended is None:
             raise SessionClosedError(session_id, live.owner_id)

@@ -43,7 +43,13 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from sessions.backends import rows
-from sessions.backends.base import Backend, LiveSession, Published, SessionClosedError
+from sessions.backends.base import (
+    Backend,
+    LiveSession,
+    Published,
+    SessionClosedError,
+    session_closed_event,
+)
 from sessions.backends.closed_history import ClosedHistories
 from sessions.backends.idempotency import IdempotencyKey, IdempotencyStore, KeyBudget
 from sessions.backends.snapshot import SnapshotPage
@@ -177,7 +183,7 @@ class MemoryBackend(Backend):
         idempotency: IdempotencyKey | None = None,
     ) -> Published:
         live = await self.get_live_session(session_id)
-        event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
+        event = session_closed_event(reason, closed_by)
         published = self._publish_once(live, event, idempotency)
         if published is None:  # (an open bus publishes a server event: not reached)
             raise SessionClosedError(session_id, live.owner_id)

@@ -62,6 +62,7 @@ from sessions.backends.base import (
     LiveSession,
     Published,
     SnapshotPage,
+    session_closed_event,
 )
 from sessions.backends.closed_history import closed_bus, history_kept
 from sessions.backends.errors import BackendUnavailableError, SessionClosedError
@@ -505,8 +506,7 @@ class RedisBackend(RedisControlled):
         """One script publishes ``session_closed`` and marks the session closed in Redis;
         every process's reader closes its mirror after delivering it."""
         live = await self.get_live_session(session_id)
-        event = {"type": "session_closed", "data": {"reason": reason, "closedBy": closed_by}}
-        body = encode_envelope(envelope_fields(event, None) or {})
+        body = encode_envelope(envelope_fields(session_closed_event(reason, closed_by), None) or {})
         assert body is not None
         published = await self._append(live, body, close=True, idempotency=idempotency)
         if published is None:
