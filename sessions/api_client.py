@@ -4,6 +4,8 @@
   connection, each with an ``Idempotency-Key`` (a UUID4 per logical publish, the same on
   every retry of it), retrying while the server is not up yet, after a lost answer and
   after a 503: a retried publish never publishes twice.
+* :func:`newest_events` pages back through a session's history (``GET /session/<id>``,
+  ``before=``), newest first.
 * :class:`EventStreamClient` reads ``GET /session/<id>/events`` with
   :class:`sessions.wire.SSEParser` and reconnects the way EventSource does: with
   ``Last-Event-ID`` (and the ``X-Event-Epoch`` it came from) after the server's
@@ -22,14 +24,14 @@ import random
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from sessions.wire import DEFAULT_RETRY_MS, ServerSentEvent, SSEParser
 
-__all__ = ["ApiCallError", "EventStreamClient", "Publisher", "StreamEnd"]
+__all__ = ["ApiCallError", "EventStreamClient", "Publisher", "StreamEnd", "newest_events"]
 
 _BACKOFF_CAP_S: Final = 30.0
 TOKEN_REFRESH_WAIT_S: Final = 10.0
@@ -127,6 +129,32 @@ class Publisher:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def newest_events(
+    base_url: str, session_id: str, token: str, *, max_pages: int = 20, timeout_s: float = 10.0
+) -> Iterator[dict[str, Any]]:
+    """Yield the session's events newest first, a snapshot page at a time (``GET
+    /session/<id>``, then ``?before=<firstEventId>`` while ``hasOlder``), at most
+    ``max_pages`` pages. ``token`` needs the ``read`` scope. Raises
+    :class:`ApiCallError` on an error status, ``OSError`` when the server is unreachable.
+    """
+    conn, path = _connection(f"{base_url.rstrip('/')}/session/{session_id}", timeout_s)
+    query = ""
+    try:
+        for _ in range(max_pages):
+            conn.request("GET", path + query, headers={"Authorization": f"Bearer {token}"})
+            response = conn.getresponse()
+            payload = response.read()
+            if response.status != 200:
+                raise ApiCallError(response.status, payload)
+            page = json.loads(payload)
+            yield from reversed(page.get("events") or [])
+            if not page.get("hasOlder") or page.get("firstEventId") is None:
+                return
+            query = f"?before={int(page['firstEventId'])}"
+    finally:
+        conn.close()
 
 
 def _retry_after_s(raw: str | None) -> float:

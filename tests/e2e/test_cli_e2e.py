@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sessions.api_client import newest_events
 from tests.support.manage import manage, manage_process
 from tests.support.server import (
     REPO,
@@ -113,6 +114,30 @@ def test_demo_agent_streams_acp_shaped_updates(
     chunk = next(e for e in events if e["data"].get("sessionUpdate") == "agent_message_chunk")
     assert chunk["data"]["content"]["type"] == "text"
     assert [e["type"] for e in events].count("turn_complete") == 2
+
+
+def test_a_session_played_again_counts_its_turns_on_with_new_tool_call_ids(
+    daphne_server: ServerProcess, e2e_database: Path
+) -> None:
+    # `make demo` twice: the demo agent reads the session's newest turn_complete with its
+    # read token and numbers on; each run has tool call ids of its own.
+    session = RemoteSession.create(daphne_server.base_url)
+    for _ in range(2):
+        result = manage(
+            e2e_database, "demo_agent", session.id, "--url", daphne_server.base_url,
+            "--token", session.publish_token, "--read-token", session.read_token,
+            "--tokens-per-s", "100000", timeout_s=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    events = list(newest_events(daphne_server.base_url, session.id, session.read_token))
+    events.reverse()
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    turns = [e["data"]["turn"] for e in events if e["type"] == "turn_complete"]
+    assert turns == [1, 2, 3, 4]
+    calls = [
+        e["data"]["toolCallId"] for e in events if e["data"].get("sessionUpdate") == "tool_call"
+    ]
+    assert len(calls) == len(set(calls)) == 4
 
 
 @pytest.mark.asyncio

@@ -168,6 +168,7 @@ Or with the terminal client (reconnects by itself with Last-Event-ID):
                     session.id,
                     url=base,
                     token=publish,
+                    read_token=read,  # (turns count on in a session played again)
                     tokens_per_s=options["tokens_per_s"],
                     loop=True,
                 )

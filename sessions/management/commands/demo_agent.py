@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management import BaseCommand, CommandError
 from django.core.management.base import CommandParser
 
-from sessions.api_client import ApiCallError, Publisher
-from sessions.scripted_agent import agent_turns
+from sessions.api_client import ApiCallError, Publisher, newest_events
+from sessions.scripted_agent import agent_turns, last_turn
 
 
 class Command(BaseCommand):
@@ -26,6 +26,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--tokens-per-s", type=float, default=25.0, help="pace of message chunks (default 25)"
         )
+        parser.add_argument(
+            "--read-token",
+            help="a token with the read scope: the first turn is then numbered after the "
+            "session's newest turn_complete (a session played again counts on)",
+        )
         parser.add_argument("--loop", action="store_true", help="replay the script until stopped")
         parser.add_argument("--pause-s", type=float, default=3.0, help="pause between runs")
 
@@ -34,7 +39,7 @@ class Command(BaseCommand):
         if not rate > 0:
             raise CommandError("--tokens-per-s must be positive")
         publisher = Publisher(options["url"], options["session_id"], options["token"])
-        turn = 1
+        turn = self._first_turn(options)
         try:
             while True:
                 count = last_id = 0
@@ -56,3 +61,14 @@ class Command(BaseCommand):
             self.stdout.write("demo agent: stopped")
         finally:
             publisher.close()
+
+    def _first_turn(self, options: dict[str, Any]) -> int:
+        """1, or one more than the session's newest ``turn_complete`` (``--read-token``)."""
+        if not options["read_token"]:
+            return 1
+        try:
+            history = newest_events(options["url"], options["session_id"], options["read_token"])
+            return last_turn(history) + 1
+        except (ApiCallError, OSError, ValueError) as exc:
+            self.stderr.write(f"demo agent: the session's turns are unknown ({exc}); from 1")
+            return 1
