@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -128,8 +129,12 @@ def test_demo_refuses_a_port_out_of_range(port: str) -> None:
         run("demo", "--port", port, "--no-agent")
 
 
-def test_demo_stops_with_an_error_when_its_server_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_demo_stops_with_an_error_when_its_server_exits(
+    monkeypatch: pytest.MonkeyPatch, sigint: str
+) -> None:
     # A server that dies after coming up: the demo must not go on publishing into nothing.
+    # "ignored": a demo started in the background of a script inherits SIGINT ignored.
     script = "import sys, time; time.sleep(0.5); sys.exit(3)"
     monkeypatch.setattr(demo_module.Command, "_wait_until_up", lambda self, base, server: None)
     real_popen = subprocess.Popen
@@ -138,8 +143,14 @@ def test_demo_stops_with_an_error_when_its_server_exits(monkeypatch: pytest.Monk
         return real_popen([sys.executable, "-c", script], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", dying_server)  # the demo command's server
-    with pytest.raises(CommandError, match="the server exited with status 3"):
-        run("demo", "--port", str(free_port()), "--tokens-per-s", "5")
+    previous = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler
+    )
+    try:
+        with pytest.raises(CommandError, match="the server exited with status 3"):
+            run("demo", "--port", str(free_port()), "--tokens-per-s", "5")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_serve_shares_the_ring_budget_among_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -274,7 +274,11 @@ def _check_port_free(addr: str, port: int) -> None:
 
 
 class _ServerWatcher(threading.Thread):
-    """Interrupts the demo (as Ctrl-C does) when its server exits on its own."""
+    """Interrupts the demo (as SIGTERM does) when its server exits on its own.
+
+    By SIGTERM's handler, not SIGINT's: a demo started in the background of a script
+    inherits SIGINT ignored, and ``interrupt_main`` then does nothing (the demo would go on
+    publishing to a dead server until its retries ran out)."""
 
     def __init__(self, server: subprocess.Popen[bytes]) -> None:
         super().__init__(name="demo-server-watcher", daemon=True)
@@ -286,7 +290,7 @@ class _ServerWatcher(threading.Thread):
         self.server.wait()
         if not self.stopping:
             self.exited = True
-            _thread.interrupt_main()
+            _thread.interrupt_main(signal.SIGTERM)  # (its handler: _raise_keyboard_interrupt)
 
 
 def _stop_server(server: subprocess.Popen[bytes]) -> None:
