@@ -157,8 +157,9 @@ async def _publish_with_retries(
 async def _next_turn(session_id: str) -> int:
     """One more than the session's newest ``turn_complete`` in its ring (1 if none), so a
     session played twice (a second ``make demo``) counts its turns on. Never raises."""
-    try:
-        live = await get_backend().get_live_session(session_id)
+    backend = get_backend()
+    try:  # (caught up: a shared store's ring holds every event published before)
+        live = await backend.caught_up(await backend.get_live_session(session_id))
     except (SessionClosedError, SessionNotFoundError, BackendUnavailableError):
         return 1  # (the publish loop meets the same and says so)
     ring = live.bus.ring
