@@ -15,13 +15,13 @@ import uuid
 import orjson
 import pytest
 
+from sessions.backends import get_backend
 from sessions.web import demo as pages
 from tests.integration.conftest import (
     assert_error,
     call,
     close,
     csrf_headers,
-    live_bus,
     load,
     login_cookie,
 )
@@ -223,7 +223,9 @@ async def test_a_second_demo_run_counts_its_turns_on_with_tool_call_ids_of_its_o
     async with asyncio.timeout(10):
         first = await pages.run_demo_agent(sid, chunks_per_s=1e9)
         second = await pages.run_demo_agent(sid, chunks_per_s=1e9)
-    events = [orjson.loads(frame.json) for frame in live_bus(sid).ring]
+    backend = get_backend()  # (caught up: the Redis backend mirrors into the ring)
+    live = await backend.caught_up(await backend.get_live_session(sid))
+    events = [orjson.loads(frame.json or b"null") for frame in live.bus.ring]
     assert len(events) == first + second == 2 * first
     turns = [e["data"]["turn"] for e in events if e["type"] == "turn_complete"]
     assert turns == [1, 2, 3, 4]
