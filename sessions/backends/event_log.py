@@ -544,6 +544,7 @@ class EventLog:
             error = exc
         if error is not None:
             self.stats.rows = rows_at_start
+            self._persisted_rows = -1  # (a count written in the rolled-back batch is not)
             self._failed_from = failed_before
             for item in batch:
                 item.result = None
