@@ -129,7 +129,8 @@ class SessionEventsRoute:
             await self.fallback(scope, receive, send)
             return
         # The router (Routes, or Channels' URLRouter) adds ``url_route``, no key of the ASGI
-        # scope. Taken out: the server keeps the scope as long as the stream (464 bytes).
+        # scope. Taken out: the server keeps the scope as long as the stream, and with it
+        # the route's two dicts.
         session_id = cast("dict[str, Any]", scope).pop("url_route")["kwargs"]["session_id"]
         cors = _cors(scope, headers)
         if process_state.draining:
