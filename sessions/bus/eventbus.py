@@ -53,7 +53,7 @@ from sessions.bus.limits import (
     MAX_EVENT_RING_SIZE,
     MAX_SAFE_INTEGER,
 )
-from sessions.bus.queue import Subscription
+from sessions.bus.queue import WATCH, Subscription
 from sessions.bus.replay import replay
 from sessions.bus.ring import Ring, RingBudget
 
@@ -331,6 +331,8 @@ class EventBus:
         for sub in self._subscribers:
             reason = sub._push(frame)
             if reason is None:
+                continue
+            if reason is WATCH:
                 if sub._check_warning(self.name, event_id):
                     self._counters.slow_client_warnings += 1
             else:  # the last event it holds is the one before: ids go up by one

@@ -44,7 +44,7 @@ from sessions.bus.frame import Frame, synthetic_frame
 from sessions.bus.limits import GRACE_BYTES_RATIO, WARN_RESET_RATIO, WARN_THRESHOLD_RATIO
 from sessions.bus.sweep import sweeper
 
-__all__ = ["Subscription", "SubscriptionStats"]
+__all__ = ["WATCH", "Subscription", "SubscriptionStats"]
 
 logger = logging.getLogger("qwenweb.bus")
 
@@ -77,10 +77,25 @@ class SubscriptionStats:
     ended: bool
 
 
-@dataclass(slots=True)
-class _Item:
-    frame: Frame
-    live: bool  # EB-3: each item carries its own tag, never inferred from position
+class _Unsized:
+    """A queued frame that the caps do not count (EB-3): a forced frame (replay, warnings,
+    terminal frames) or one handed straight to a consumer that was waiting.
+
+    Each queued item carries its own tag, never inferred from position: a bare
+    :class:`Frame` in the queue is live (counted), a frame wrapped in this is not. Live
+    frames, the common case, cost no wrapper object.
+    """
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: Frame) -> None:
+        self.frame = frame
+
+
+# What :meth:`Subscription._push` returns for a live frame it queued while the warning
+# must be looked at (past 75 % of a cap, or a warning to re-arm): the bus then calls
+# ``_check_warning``. None: queued, nothing to look at; any other string: refused.
+WATCH: Final = "watch"
 
 
 class Subscription:
@@ -130,6 +145,8 @@ class Subscription:
         "_pressure_visit",
         "_visits",
         "_waiter",
+        "_warn_bytes",
+        "_warn_frames",
         "_warned",
         "bytes_sent",
         "details",
@@ -153,7 +170,7 @@ class Subscription:
     ) -> None:
         self._bus = bus
         # A deque only while frames are queued (an empty one is 0.6 KiB per idle stream).
-        self._items: deque[_Item] | tuple[()] = ()
+        self._items: deque[Frame | _Unsized] | tuple[()] = ()
         self._waiter: asyncio.Future[None] | None = None
         self._live_count = 0
         self._live_bytes = 0
@@ -171,6 +188,9 @@ class Subscription:
         self.label = label
         self.max_queued = max_queued
         self.max_queued_bytes = max_queued_bytes
+        # Where the warning starts to be looked at (EB-4): the push's fast path compares.
+        self._warn_frames = WARN_THRESHOLD_RATIO * max_queued
+        self._warn_bytes = WARN_THRESHOLD_RATIO * max_queued_bytes
         self.last_event_id: int | None = None
         self.since = time.time()
         self.details: Mapping[str, Any] | None = None
@@ -244,10 +264,13 @@ class Subscription:
         item = items.popleft()
         if not items:
             self._items = ()
-        frame = item.frame
-        if item.live and self._live_count:
-            self._live_count -= 1
-            self._live_bytes -= frame.nbytes
+        if isinstance(item, _Unsized):
+            frame = item.frame
+        else:
+            frame = item
+            if self._live_count:
+                self._live_count -= 1
+                self._live_bytes -= frame.nbytes
         if frame.id is not None:
             self.last_event_id = frame.id
         return frame
@@ -323,42 +346,59 @@ class Subscription:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _enqueue(self, item: _Item) -> None:
+    def _enqueue(self, item: Frame | _Unsized) -> None:
         items = self._items
         if not isinstance(items, deque):
             items = self._items = deque()
         items.append(item)
 
     def _force_push(self, frame: Frame) -> None:
-        self._enqueue(_Item(frame, live=False))
+        self._enqueue(_Unsized(frame))
         self._wake()
 
     def _push(self, frame: Frame) -> str | None:
-        """Queue a live frame; return None if accepted, else the rejection reason (EB-3)."""
-        if self._waiter is not None and not self._waiter.done() and not self._items:
+        """Queue a live frame (EB-3): None if accepted; :data:`WATCH` if accepted and the
+        warning must be looked at (:meth:`_check_warning`); else the rejection reason.
+
+        The per-delivery path (one call per frame and subscriber): no call of its own
+        unless the queue is near a cap, no object but the deque's slot.
+        """
+        items = self._items
+        waiter = self._waiter
+        if waiter is not None and not items and not waiter.done():
             # A consumer is already waiting: hand it over without byte sizing. It still
             # goes through the deque, so a consumer cancelled right now loses nothing.
-            self._enqueue(_Item(frame, live=False))
-            self._wake()
-            return None
-        if self._live_count >= self.max_queued and self._blocked():
+            self._items = deque((_Unsized(frame),))
+            self._waiter = None
+            waiter.set_result(None)
+            return WATCH if self._warned else None
+        count = self._live_count
+        if count >= self.max_queued and self._blocked():
             return "queue_overflow"
-        if self._live_count > 0:
-            nbytes = self._live_bytes + frame.nbytes
-            if nbytes > self.max_queued_bytes and (
-                nbytes > GRACE_BYTES_RATIO * self.max_queued_bytes or self._blocked()
-            ):
-                return "queue_bytes_overflow"
-        self._enqueue(_Item(frame, live=True))
-        self._live_count += 1
-        self._live_bytes += frame.nbytes
-        self._wake()
+        nbytes = self._live_bytes + frame.nbytes
+        if (
+            count > 0
+            and nbytes > self.max_queued_bytes
+            and (nbytes > GRACE_BYTES_RATIO * self.max_queued_bytes or self._blocked())
+        ):
+            return "queue_bytes_overflow"
+        if items:
+            items.append(frame)
+        else:
+            self._items = deque((frame,))
+        count += 1
+        self._live_count = count
+        self._live_bytes = nbytes
+        if waiter is not None:
+            self._wake()
+        if self._warned or count >= self._warn_frames or nbytes >= self._warn_bytes:
+            return WATCH
         return None
 
     def _end(self, reason: str, terminal: Frame | None = None) -> None:
         """Close with drain: queued frames, then ``terminal`` (if any), then iteration ends."""
         if terminal is not None:
-            self._enqueue(_Item(terminal, live=False))
+            self._enqueue(_Unsized(terminal))
         self._ended = True
         self._end_reason = reason
         self._bus = None
@@ -382,10 +422,12 @@ class Subscription:
     def _check_warning(self, session: str, last_event_id: int, *, evicting: bool = False) -> bool:
         """EB-4: warn once per overflow episode, re-arm at 37.5 % of both caps.
 
-        Called after every live push; returns whether it warned (one log line and a forced
-        ``slow_client_warning``). Past 75 % it warns only a consumer that is blocked
-        (:meth:`_blocked`), or when ``evicting`` (the push was refused: the warning goes
-        before ``client_evicted``, as it would have without a grace).
+        Called after a live push that :meth:`_push` flagged (:data:`WATCH`: the queue is
+        past 75 % of a cap, or a warning may re-arm) or refused; returns whether it
+        warned (one log line and a forced ``slow_client_warning``). Past 75 % it warns
+        only a consumer that is blocked (:meth:`_blocked`), or when ``evicting`` (the push
+        was refused: the warning goes before ``client_evicted``, as it would have without
+        a grace).
         """
         frames, nbytes = self._live_count, self._live_bytes
         if (
