@@ -8,11 +8,12 @@ object, and the operator side connects :class:`Listener` objects to it in
 Two kinds of announcement
     *Per connection* (the hot path): :meth:`Hooks.connection_opened` asks every listener
     for a :class:`ConnectionObserver` and returns one object that the stream then calls
-    directly for every frame it wrote (``frame_written``, with the frame's bytes and the
-    exact JSON of its ``data:`` line, so nobody re-parses what was written), for bytes
-    that are not frames (``bytes_written``) and once at the end (``closed``). With one
-    listener that observer is the listener's own; with several, a thin fan-out. No Django
-    signal runs per frame: a signal per frame per subscriber costs more than a delivery.
+    directly once per ``send`` that wrote frames (``frames_written``, with the frames,
+    their bytes and the exact JSON of their ``data:`` lines, so nobody re-parses what was
+    written), for bytes that are not frames (``bytes_written``) and once at the end
+    (``closed``). With one listener that observer is the listener's own; with several, a
+    thin fan-out. No Django signal runs per frame, and no observer call either: a call
+    per frame per subscriber cost a third of the pump (docs/benchmarks.md, issue 23).
 
     *Per publish*: :meth:`Hooks.event_published`, once per event a backend accepted in
     this process (not per subscriber, not per mirror that ingests it), called only on the
@@ -74,8 +75,11 @@ class ConnectionInfo:
 class ConnectionObserver:
     """Told what one stream wrote; the base class ignores everything.
 
-    ``frame_written(frame, wire, payload)``: ``send`` accepted ``wire`` (the frame's SSE
-    bytes); ``payload`` is the JSON text of its ``data:`` line, exactly as written.
+    ``frames_written(frames, wires, payloads, nbytes)``: one ``send`` accepted these
+    frames, in order; ``wires[i]`` is ``frames[i]``'s bytes as written (SSE block or
+    WebSocket text), ``payloads[i]`` the JSON text of its ``data:`` line exactly as
+    written, ``nbytes`` the sum of ``len(wire)`` (the three sequences have one entry per
+    frame, at least one).
     ``bytes_written(nbytes)``: body bytes that are not frames (``retry:``, heartbeats).
     ``closed(reason, detail)``: once, with one of ``SubscriberConnection.EndReason``.
     Implementations never await and never raise.
@@ -83,8 +87,14 @@ class ConnectionObserver:
 
     __slots__ = ()
 
-    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
-        """Count one frame that ``send`` accepted."""
+    def frames_written(
+        self,
+        frames: Sequence[Frame],
+        wires: Sequence[bytes],
+        payloads: Sequence[bytes],
+        nbytes: int,
+    ) -> None:
+        """Count the frames one ``send`` accepted."""
 
     def bytes_written(self, nbytes: int) -> None:
         """Count body bytes that are not frames."""
@@ -99,9 +109,15 @@ class _Fanout(ConnectionObserver):
     def __init__(self, observers: Sequence[ConnectionObserver]) -> None:
         self._observers = tuple(observers)
 
-    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
+    def frames_written(
+        self,
+        frames: Sequence[Frame],
+        wires: Sequence[bytes],
+        payloads: Sequence[bytes],
+        nbytes: int,
+    ) -> None:
         for observer in self._observers:
-            observer.frame_written(frame, wire, payload)
+            observer.frames_written(frames, wires, payloads, nbytes)
 
     def bytes_written(self, nbytes: int) -> None:
         for observer in self._observers:

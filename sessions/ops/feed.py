@@ -186,18 +186,25 @@ class _FeedObserver(ConnectionObserver):
     def __init__(self, feed: OperatorFeed, info: ConnectionInfo) -> None:
         self._feed, self._info, self._frames = feed, info, 0
 
-    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
-        self._frames += 1
-        if frame.type in INCIDENT_TYPES:
-            data = frame.get("data")
-            fields = {
-                k: v
-                for k, v in (data.items() if isinstance(data, dict) else ())
-                if k not in ("kind", "session", "t")
-            }
-            self._feed.note(
-                frame.type, self._info.session_id, **fields, subscriber=self._info.label
-            )
+    def frames_written(
+        self,
+        frames: Sequence[Frame],
+        wires: Sequence[bytes],
+        payloads: Sequence[bytes],
+        nbytes: int,
+    ) -> None:
+        self._frames += len(frames)
+        for frame in frames:
+            if frame.id is None and frame.type in INCIDENT_TYPES:
+                data = frame.get("data")
+                fields = {
+                    k: v
+                    for k, v in (data.items() if isinstance(data, dict) else ())
+                    if k not in ("kind", "session", "t")
+                }
+                self._feed.note(
+                    frame.type, self._info.session_id, **fields, subscriber=self._info.label
+                )
 
     def closed(self, reason: str, detail: str = "") -> None:
         if self._info is None:

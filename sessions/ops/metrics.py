@@ -41,7 +41,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from prometheus_client import (
@@ -241,22 +241,29 @@ class StreamMeter(ConnectionObserver):
         self._closed = False
         self._websocket = websocket
 
-    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
+    def frames_written(
+        self,
+        frames: Sequence[Frame],
+        wires: Sequence[bytes],
+        payloads: Sequence[bytes],
+        nbytes: int,
+    ) -> None:
         totals = self._totals
-        totals.frames += 1
-        totals.bytes += len(wire)
-        if frame.id is not None:
-            if not self._replaying:
-                totals.live += 1
-                if not totals.live & totals.mask and len(totals.latencies) < MAX_LATENCY_SAMPLES:
-                    totals.latencies.append(time.monotonic() - frame.accepted_at)
-        elif frame.type == "stream_error":
-            code = _stream_error_code(frame)
-            totals.stream_errors[code] = totals.stream_errors.get(code, 0) + 1
-            if code == "backend_unavailable":
-                totals.backend_unavailable += 1
-        elif frame.type in ("replay_complete", "state_resync_required"):
-            self._replaying = False
+        totals.frames += len(frames)
+        totals.bytes += nbytes
+        for frame in frames:
+            if frame.id is not None:
+                if not self._replaying:
+                    live = totals.live = totals.live + 1
+                    if not live & totals.mask and len(totals.latencies) < MAX_LATENCY_SAMPLES:
+                        totals.latencies.append(time.monotonic() - frame.accepted_at)
+            elif frame.type == "stream_error":
+                code = _stream_error_code(frame)
+                totals.stream_errors[code] = totals.stream_errors.get(code, 0) + 1
+                if code == "backend_unavailable":
+                    totals.backend_unavailable += 1
+            elif frame.type in ("replay_complete", "state_resync_required"):
+                self._replaying = False
 
     def bytes_written(self, nbytes: int) -> None:
         self._totals.bytes += nbytes

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Final
@@ -120,22 +120,29 @@ class ConnectionRecord(ConnectionObserver):
         """The session the connection streams."""
         return self.info.session_id
 
-    def frame_written(self, frame: Frame, wire: bytes, payload: bytes) -> None:
-        """Count one frame that ``send`` accepted; record warnings and evictions.
+    def frames_written(
+        self,
+        frames: Sequence[Frame],
+        wires: Sequence[bytes],
+        payloads: Sequence[bytes],
+        nbytes: int,
+    ) -> None:
+        """Count the frames one ``send`` accepted; record warnings and evictions.
 
-        Only ``slow_client_warning``, ``client_evicted`` and ``stream_error`` frames are
-        looked into: their ``payload`` (the JSON of the ``data:`` line, as written) is
-        kept. Never raises, never awaits.
+        Only ``slow_client_warning``, ``client_evicted`` and ``stream_error`` frames
+        (synthetic: no ``id``) are looked into: their payload (the JSON of the ``data:``
+        line, as written) is kept. Never raises, never awaits.
         """
-        self.frames_sent += 1
-        self.bytes_sent += len(wire)
-        if frame.type in _SPECIAL_TYPES:
-            data = frame.get("data")
-            self._special_frame(
-                frame.type,
-                payload.decode("utf-8", "replace"),
-                data if isinstance(data, dict) else {},
-            )
+        self.frames_sent += len(frames)
+        self.bytes_sent += nbytes
+        for index, frame in enumerate(frames):
+            if frame.id is None and frame.type in _SPECIAL_TYPES:
+                data = frame.get("data")
+                self._special_frame(
+                    frame.type,
+                    payloads[index].decode("utf-8", "replace"),
+                    data if isinstance(data, dict) else {},
+                )
         self.recorder.mark(self)
 
     def bytes_written(self, nbytes: int) -> None:

@@ -189,8 +189,9 @@ async def pump_frames(
     Frames already queued go out together in one body message (at most 256 KiB), so a
     burst costs one ``send`` while every frame still reaches the socket as soon as it is
     produced. When nothing arrives for ``heartbeat_interval_s`` seconds a ``: heartbeat``
-    comment is written. Once ``send`` returned, ``observer`` is told about each frame
-    (the frame, its wire bytes, the JSON of its ``data:`` line) and each heartbeat.
+    comment is written. Once ``send`` returned, ``observer`` is told about its frames
+    in one call (the frames, their wire bytes, the JSON of their ``data:`` lines) and
+    about each heartbeat.
     ``encoder`` frames the events (one per process shares its cache across streams);
     ``framer`` turns them into messages (default :class:`SseFramer` over ``encoder``).
     After each ``send`` returned, its size is added to ``subscription.bytes_sent`` (one
@@ -250,8 +251,7 @@ async def pump_frames(
             for message in framer.messages(wires):
                 await _send_watched(send, message, watch)
             subscription.bytes_sent += size  # one add per batch: operators' bytes per second
-            for index, written in enumerate(frames):
-                observer.frame_written(written, wires[index], payloads[index])
+            observer.frames_written(frames, wires, payloads, size)  # one call per batch
 
     except asyncio.CancelledError:
         # The watch cancelled the task (and nobody else did): the socket took nothing.

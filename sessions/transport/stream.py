@@ -282,7 +282,7 @@ class SessionEventsRoute:
             body, payload = self.encoder.synthetic(frame)
             try:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
-                observer.frame_written(frame, body, payload)
+                observer.frames_written((frame,), (body,), (payload,), len(body))
             except Exception:  # the connection itself may be what failed
                 logger.debug("stream_error frame could not be written", exc_info=True)
             return STREAM_ERROR, detail

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from sessions.bus import EventBus, synthetic_frame
-from sessions.hooks import ConnectionInfo
+from sessions.bus import EventBus, Frame, synthetic_frame
+from sessions.hooks import ConnectionInfo, ConnectionObserver
 from sessions.ops.metrics import LATENCY_SAMPLES_PER_FLUSH, Metrics
 
 pytestmark = pytest.mark.django_db
@@ -19,16 +19,21 @@ def info(resumed_from: int | None = None) -> ConnectionInfo:
     )
 
 
+def written(meter: ConnectionObserver, *frames: Frame) -> None:
+    """Tell ``meter`` that one ``send`` wrote ``frames`` (each as ``x``)."""
+    meter.frames_written(frames, (b"x",) * len(frames), (b"{}",) * len(frames), len(frames))
+
+
 def test_a_busy_interval_makes_the_next_one_time_a_sample_of_deliveries():
     listener = Metrics()
     meter = listener.connection_opened(info())
     frame = EventBus(name="s").publish({"type": "note"})
     assert frame is not None
     for _ in range(100 * LATENCY_SAMPLES_PER_FLUSH):
-        meter.frame_written(frame, b"x", b"{}")
+        written(meter, frame)
     listener.flush()
     for _ in range(100 * LATENCY_SAMPLES_PER_FLUSH):
-        meter.frame_written(frame, b"x", b"{}")
+        written(meter, frame)
     timed = len(listener._totals.latencies)
     assert LATENCY_SAMPLES_PER_FLUSH <= timed <= 2 * LATENCY_SAMPLES_PER_FLUSH
     meter.closed("client_disconnect")
@@ -39,10 +44,10 @@ def test_replayed_events_are_not_timed_until_replay_complete():
     meter = listener.connection_opened(info(resumed_from=3))
     frame = EventBus(name="s").publish({"type": "note"})
     assert frame is not None
-    meter.frame_written(frame, b"x", b"{}")
+    written(meter, frame)
     assert listener._totals.latencies == []
-    meter.frame_written(synthetic_frame("replay_complete", {}), b"x", b"{}")
-    meter.frame_written(frame, b"x", b"{}")
+    written(meter, synthetic_frame("replay_complete", {}))
+    written(meter, frame)
     assert len(listener._totals.latencies) == 1
     meter.closed("client_disconnect")
 
@@ -50,10 +55,21 @@ def test_replayed_events_are_not_timed_until_replay_complete():
 def test_stream_errors_are_counted_by_code():
     listener = Metrics()
     meter = listener.connection_opened(info())
-    meter.frame_written(
-        synthetic_frame("stream_error", {"code": "backend_unavailable"}), b"x", b"{}"
-    )
-    meter.frame_written(synthetic_frame("stream_error", {"error": "boom"}), b"x", b"{}")
+    written(meter, synthetic_frame("stream_error", {"code": "backend_unavailable"}))
+    written(meter, synthetic_frame("stream_error", {"error": "boom"}))
     assert listener._totals.stream_errors == {"backend_unavailable": 1, "internal": 1}
     assert listener._totals.backend_unavailable == 1
     meter.closed("stream_error")
+
+
+def test_one_send_of_several_frames_counts_each_and_ends_the_replay_where_it_ends():
+    listener = Metrics()
+    meter = listener.connection_opened(info(resumed_from=3))
+    frame = EventBus(name="s").publish({"type": "note"})
+    assert frame is not None
+    totals = listener._totals
+    frames_before, bytes_before = totals.frames, totals.bytes
+    written(meter, frame, frame, synthetic_frame("replay_complete", {}), frame)
+    assert (totals.frames - frames_before, totals.bytes - bytes_before) == (4, 4)
+    assert len(totals.latencies) == 1  # only the frame after replay_complete is live
+    meter.closed("client_disconnect")

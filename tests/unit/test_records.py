@@ -35,7 +35,7 @@ def write(record: ConnectionRecord, frame: Frame, wire_bytes: int | None = None)
     wire = b"event: " + frame.type.encode() + b"\ndata: " + payload + b"\n\n"
     if wire_bytes is not None:
         wire = wire.ljust(wire_bytes, b" ")
-    record.frame_written(frame, wire, payload)
+    record.frames_written((frame,), (wire,), (payload,), len(wire))
     return payload
 
 
