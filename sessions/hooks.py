@@ -12,8 +12,9 @@ Two kinds of announcement
     their bytes and the exact JSON of their ``data:`` lines, so nobody re-parses what was
     written), for bytes that are not frames (``bytes_written``) and once at the end
     (``closed``). With one listener that observer is the listener's own; with several, a
-    thin fan-out. No Django signal runs per frame, and no observer call either: a call
-    per frame per subscriber cost a third of the pump (docs/benchmarks.md, issue 23).
+    thin fan-out. No Django signal runs per frame, and no observer call either: in the
+    64-subscriber fan-out a call per frame and observer was a third of the pump's time
+    (docs/benchmarks.md, "Fan-out: the per-delivery path", issue 23).
 
     *Per publish*: :meth:`Hooks.event_published`, once per event a backend accepted in
     this process (not per subscriber, not per mirror that ingests it), called only on the

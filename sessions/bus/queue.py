@@ -108,9 +108,11 @@ class Subscription:
 
     Attributes:
         label: what log lines call this subscriber (``subscriber=<label>``).
-        max_queued: cap on live frames queued (EB-3).
+        max_queued: cap on live frames queued (EB-3); fixed at construction (the push's
+            fast path keeps its 75 % mark).
         max_queued_bytes: cap on live serialized bytes queued (EB-3); within the grace
-            up to ``GRACE_BYTES_RATIO`` times it.
+            up to ``GRACE_BYTES_RATIO`` times it; fixed at construction, like
+            ``max_queued``.
         overflow_grace_s: how long the queue may stay past 75 % of a cap while the
             consumer is away before the subscriber counts as slow (module docstring); 0:
             the caps apply at once.

@@ -195,7 +195,7 @@ class _FeedObserver(ConnectionObserver):
     ) -> None:
         self._frames += len(frames)
         for frame in frames:
-            if frame.id is None and frame.type in INCIDENT_TYPES:
+            if frame.type in INCIDENT_TYPES:
                 data = frame.get("data")
                 fields = {
                     k: v

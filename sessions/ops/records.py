@@ -14,8 +14,8 @@ What is recorded (``sessions.models``)
 How it learns what happens
     :class:`Recorder` is a :class:`~sessions.hooks.Listener`, connected in
     ``AppConfig.ready``: each connection the stream route announces gets a
-    :class:`ConnectionRecord` as its observer, told every frame after ``send`` accepted it
-    (with the exact JSON of its ``data:`` line), the bytes that are not frames (``retry:``,
+    :class:`ConnectionRecord` as its observer, told the frames of each ``send`` once it
+    accepted them (with the exact JSON of their ``data:`` lines), the bytes that are not frames (``retry:``,
     heartbeats), and once how the stream ended (later calls are ignored).
 
 Concurrency model and cost
@@ -129,14 +129,14 @@ class ConnectionRecord(ConnectionObserver):
     ) -> None:
         """Count the frames one ``send`` accepted; record warnings and evictions.
 
-        Only ``slow_client_warning``, ``client_evicted`` and ``stream_error`` frames
-        (synthetic: no ``id``) are looked into: their payload (the JSON of the ``data:``
+        Only ``slow_client_warning``, ``client_evicted`` and ``stream_error`` frames are
+        looked into: their payload (the JSON of the ``data:``
         line, as written) is kept. Never raises, never awaits.
         """
         self.frames_sent += len(frames)
         self.bytes_sent += nbytes
         for index, frame in enumerate(frames):
-            if frame.id is None and frame.type in _SPECIAL_TYPES:
+            if frame.type in _SPECIAL_TYPES:
                 data = frame.get("data")
                 self._special_frame(
                     frame.type,

@@ -234,6 +234,64 @@ async def test_warning_does_not_rearm_above_37_5_percent_of_frames():  # EB-4
     assert bus.stats().slow_client_warnings == 1
 
 
+async def test_warning_mark_between_two_frame_counts_is_not_rounded_down():  # EB-4
+    bus = EventBus(3)
+    sub = bus.subscribe(max_queued=5)  # warns at 3.75 frames (the 4th), re-arms at <= 1.875
+    publish_n(bus, 3)
+    assert bus.stats().slow_client_warnings == 0
+    publish_n(bus, 1)
+    assert bus.stats().slow_client_warnings == 1
+    await take(sub, 3)  # 1 live left (4), the warning queued behind it
+    publish_n(bus, 1)  # 2 live: above 1.875, not re-armed
+    publish_n(bus, 2)  # 4 live: the same episode
+    assert bus.stats().slow_client_warnings == 1
+    assert sub.statistics().warned
+
+
+async def test_a_frame_handed_to_a_waiting_consumer_rearms_the_warning():  # EB-4
+    bus = EventBus(3)
+    sub = bus.subscribe(max_queued=4)
+    publish_n(bus, 3)  # warns at 3 of 4
+    await take(sub, 4)  # 1 2 3 warning: empty again, but nothing was pushed since
+    assert sub.statistics().warned
+    waiting = asyncio.create_task(anext(sub))
+    await asyncio.sleep(0)  # one step: the consumer waits, so the next frame is handed over
+    bus.publish(ev())
+    assert not sub.statistics().warned  # 0 frames and 0 bytes: re-armed
+    async with asyncio.timeout(1):
+        assert label(await waiting) == 4
+
+
+async def test_a_handed_over_frame_is_not_counted_and_moves_the_cursor():  # EB-3, EB-7
+    bus = EventBus(3)
+    sub = bus.subscribe(max_queued=4)
+    waiting = asyncio.create_task(sub.next_frame(60))
+    await asyncio.sleep(0)  # one step: the consumer waits
+    bus.publish(ev())
+    stats = sub.statistics()
+    assert (stats.live_count, stats.live_bytes, stats.forced_count) == (0, 0, 1)
+    bus.publish(ev())  # queued live behind it
+    assert (sub.statistics().live_count, sub.statistics().forced_count) == (1, 1)
+    async with asyncio.timeout(1):
+        assert label(await waiting) == 1  # type: ignore[arg-type]
+    assert sub.last_event_id == 1
+    assert (sub.statistics().live_count, sub.statistics().forced_count) == (1, 0)
+
+
+async def test_statistics_count_live_and_forced_items_of_a_mixed_queue():  # EB-3, EB-4
+    bus = EventBus(3)
+    publish_n(bus, 2)
+    sub = bus.subscribe(last_event_id=0, max_queued=4)  # 1 2 replay_complete: forced
+    publish_n(bus, 3)  # 3 4 5 live; the third warns (forced)
+    stats = sub.statistics()
+    assert (stats.live_count, stats.forced_count, stats.warned) == (3, 4, True)
+    assert stats.live_bytes == size(3) + size(4) + size(5)
+    assert [label(f) for f in await take(sub, 4)] == [1, 2, "replay_complete", 3]
+    stats = sub.statistics()
+    assert (stats.live_count, stats.forced_count, stats.live_bytes) == (2, 1, size(4) + size(5))
+    assert sub.last_event_id == 3
+
+
 # -- EB-5: eviction --------------------------------------------------------------------
 
 
