@@ -16,13 +16,17 @@ message from another process (``Backend.revoke``) drop the entries at once.
 Concurrency: the cache is a dict touched from the event loop and from worker threads;
 each operation is one dict assignment or lookup (atomic under the GIL), and a stale read
 is bounded by the cache age. The ``*_sync`` functions run in a worker thread
-(``database_sync_to_async``), one or two queries each.
+(``database_sync_to_async``), one or two queries each. Concurrent misses of one entry on
+the event loop share one read (64 tabs opening at once cost one query, not 64); an
+invalidation during that read starts a new one for later callers and keeps the old
+read's answer out of the cache.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -67,19 +71,24 @@ class UserState:
 _GONE: Final = UserState(False, 0)
 # ("u", user id) -> (read at, UserState); ("s", session id) -> (read at, version or None)
 _cache: dict[tuple[str, Any], tuple[float, Any]] = {}
+# The same keys -> the read under way on the event loop, shared by concurrent misses.
+_reading: dict[tuple[str, Any], asyncio.Task[Any]] = {}
 
 
 def clear_cache() -> None:
     """Forget every cached version (tests; never needed in a server)."""
     _cache.clear()
+    _reading.clear()
 
 
 def invalidate(*, user_id: int | None = None, session_id: str | None = None) -> None:
     """Drop the cached entries of ``user_id`` and ``session_id`` (a revocation). Never raises."""
     if user_id is not None:
         _cache.pop(("u", user_id), None)
+        _reading.pop(("u", user_id), None)
     if session_id is not None:
         _cache.pop(("s", session_id), None)
+        _reading.pop(("s", session_id), None)
 
 
 def remember(users: dict[int, UserState], sessions: dict[str, int | None]) -> None:
@@ -139,14 +148,42 @@ async def current_versions(
     if user_id is not None:
         hit, user = _fresh(("u", user_id), now)
         if not hit:
-            user = (await database_sync_to_async(read_users_sync)([user_id]))[user_id]
-            _cache[("u", user_id)] = (time.monotonic(), user)
+            uid = user_id
+            user = await _read_once(("u", uid), lambda: read_users_sync([uid])[uid])
     if session_id is not None:
         hit, version = _fresh(("s", session_id), now)
         if not hit:
-            version = (await database_sync_to_async(read_sessions_sync)([session_id]))[session_id]
-            _cache[("s", session_id)] = (time.monotonic(), version)
+            sid = session_id
+            version = await _read_once(("s", sid), lambda: read_sessions_sync([sid])[sid])
     return user, version
+
+
+async def _read_once(key: tuple[str, Any], read: Callable[[], Any]) -> Any:
+    """``read()`` in a worker thread, shared by every caller that misses ``key`` meanwhile.
+
+    The answer is cached when the read ends, unless :func:`invalidate` dropped the key
+    during it (a revocation: the answer may be older than it). A caller cancelled while
+    waiting leaves the read running for the others. Raises what ``read`` raises.
+    """
+    loop = asyncio.get_running_loop()
+    task = _reading.get(key)
+    if task is None or task.get_loop() is not loop:
+        task = loop.create_task(database_sync_to_async(read)())
+        _reading[key] = task
+        task.add_done_callback(lambda done: _read_done(key, done))
+    return await asyncio.shield(task)
+
+
+def _read_done(key: tuple[str, Any], task: asyncio.Task[Any]) -> None:
+    if _reading.get(key) is not task:
+        if not task.cancelled():
+            task.exception()  # (retrieved: its callers, if any, got it)
+        return
+    del _reading[key]
+    if task.cancelled():
+        return
+    if task.exception() is None:
+        _cache[key] = (time.monotonic(), task.result())
 
 
 def is_stale(
