@@ -15,8 +15,9 @@ How it learns what happens
     :class:`Recorder` is a :class:`~sessions.hooks.Listener`, connected in
     ``AppConfig.ready``: each connection the stream route announces gets a
     :class:`ConnectionRecord` as its observer, told the frames of each ``send`` once it
-    accepted them (with the exact JSON of their ``data:`` lines), the bytes that are not frames (``retry:``,
-    heartbeats), and once how the stream ended (later calls are ignored).
+    accepted them (with the exact JSON of their ``data:`` lines), the bytes that are not
+    frames (``retry:``, heartbeats), and once how the stream ended (later calls are
+    ignored).
 
 Concurrency model and cost
     Everything here runs on the server's event loop (EB-11) and only touches memory:
