@@ -8,7 +8,7 @@ import pytest
 
 from sessions.bus import EventBus, Frame, synthetic_frame
 from sessions.hooks import ConnectionInfo, ConnectionObserver
-from sessions.ops.metrics import LATENCY_SAMPLES_PER_FLUSH, Metrics
+from sessions.ops.metrics import LATENCY_SAMPLES_PER_FLUSH, MAX_LATENCY_SAMPLES, Metrics
 
 pytestmark = pytest.mark.django_db
 
@@ -72,4 +72,21 @@ def test_one_send_of_several_frames_counts_each_and_ends_the_replay_where_it_end
     written(meter, frame, frame, synthetic_frame("replay_complete", {}), frame)
     assert (totals.frames - frames_before, totals.bytes - bytes_before) == (4, 4)
     assert len(totals.latencies) == 1  # only the frame after replay_complete is live
+    meter.closed("client_disconnect")
+
+
+def test_a_burst_after_a_quiet_interval_times_a_bounded_sample_spread_over_it():
+    listener = Metrics()
+    meter = listener.connection_opened(info())
+    listener.flush()  # a quiet interval: the next one times every delivery, at first
+    frames = []
+    for _ in range(100):
+        frame = EventBus(name="s").publish({"type": "note"})
+        assert frame is not None
+        frames.append(frame)
+    for _ in range(1000):  # 100,000 deliveries in one interval
+        written(meter, *frames)
+    latencies = listener._totals.latencies
+    assert LATENCY_SAMPLES_PER_FLUSH // 2 <= len(latencies) < MAX_LATENCY_SAMPLES
+    assert (listener._totals.mask + 1) * MAX_LATENCY_SAMPLES >= 100_000  # 1 in 2**k timed
     meter.closed("client_disconnect")
