@@ -379,3 +379,30 @@ async def test_a_trim_step_deletes_what_no_ring_replays_and_expired_closed_sessi
     assert rows == [("kept", 8), ("kept", 9), ("kept", 10)]
     assert heads == ["kept"]
     assert log.stats.rows == 3
+
+
+async def test_a_session_trimmed_of_every_event_continues_its_ids_after_a_reopen(
+    tmp_path: Path,
+) -> None:
+    # EB-1: ids are never reused. With no row left to read the last id from, the head
+    # (advanced by the append trigger) is what carries it across the restart.
+    path = tmp_path / "events.sqlite3"
+    first = _log(path, boot_id="boot-1")
+    opened = await _opened(first)
+    for n in range(1, 11):
+        await _append(first, n)
+    step = functools.partial(first.trim_step, keep_from={"s": 11}, key_ttl_s=900.0)
+    async with asyncio.timeout(WAIT_S):
+        assert await first.submit(functools.partial(step, closed_before=0.0)) == 10
+    first.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (0,)
+    second = _log(path, boot_id="boot-1")
+    again = await _opened(second)
+    assert (again.epoch, again.next_id, again.new, again.events) == (opened.epoch, 11, False, [])
+    await _append(second, 11)
+    second.close()
+    third = _log(path, boot_id="boot-1")
+    last = await _opened(third)
+    third.close()
+    assert (last.next_id, [event[0] for event in last.events]) == (12, [11])
