@@ -44,6 +44,7 @@ __all__ = [
     "bump_user_version",
     "clear_cache",
     "current_versions",
+    "generation",
     "invalidate",
     "is_stale",
     "read_sessions_sync",
@@ -73,16 +74,28 @@ _GONE: Final = UserState(False, 0)
 _cache: dict[tuple[str, Any], tuple[float, Any]] = {}
 # The same keys -> the read under way on the event loop, shared by concurrent misses.
 _reading: dict[tuple[str, Any], asyncio.Task[Any]] = {}
+# Invalidations so far: a read that began before one must not cache what it read.
+_generation = 0
+
+
+def generation() -> int:
+    """How many invalidations this process has seen: read it before a read whose answer
+    goes to :func:`remember`."""
+    return _generation
 
 
 def clear_cache() -> None:
     """Forget every cached version (tests; never needed in a server)."""
+    global _generation
+    _generation += 1
     _cache.clear()
     _reading.clear()
 
 
 def invalidate(*, user_id: int | None = None, session_id: str | None = None) -> None:
     """Drop the cached entries of ``user_id`` and ``session_id`` (a revocation). Never raises."""
+    global _generation
+    _generation += 1
     if user_id is not None:
         _cache.pop(("u", user_id), None)
         _reading.pop(("u", user_id), None)
@@ -91,8 +104,17 @@ def invalidate(*, user_id: int | None = None, session_id: str | None = None) -> 
         _reading.pop(("s", session_id), None)
 
 
-def remember(users: dict[int, UserState], sessions: dict[str, int | None]) -> None:
-    """Cache freshly read versions (the backend's sweep reads them anyway)."""
+def remember(
+    users: dict[int, UserState], sessions: dict[str, int | None], *, read_since: int
+) -> None:
+    """Cache freshly read versions (the backend's sweep reads them anyway).
+
+    ``read_since`` is :func:`generation` from before the read began: when a revocation
+    invalidated anything since, nothing is cached (the read may predate it, and a new
+    stream's check would take the old version for up to the cache's age).
+    """
+    if read_since != _generation:
+        return
     now = time.monotonic()
     for user_id, state in users.items():
         _cache[("u", user_id)] = (now, state)

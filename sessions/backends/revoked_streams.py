@@ -211,8 +211,9 @@ class RevocationSweep:
             return 0
         user_ids = {int(d["userId"]) for _, _, d in watched if d.get("userId") is not None}
         session_ids = {sid for sid, _, d in watched if d["auth"] == "token"}
+        read_since = token_versions.generation()
         users, sessions = await database_sync_to_async(_read)(user_ids, session_ids)
-        token_versions.remember(users, sessions)
+        token_versions.remember(users, sessions, read_since=read_since)
         ended = 0
         for session_id, subscription, details in watched:
             uid = details.get("userId")

@@ -109,3 +109,18 @@ async def test_a_cancelled_caller_leaves_the_shared_read_to_the_others(
     with pytest.raises(asyncio.CancelledError):
         await first
     assert reads.started == 1
+
+
+async def test_the_sweep_caches_nothing_it_read_before_a_revocation(reads: GatedReads) -> None:
+    # The revocation sweep reads every watched session's version, then caches them: a
+    # revocation landing during that read must not leave the older version cached.
+    read_since = token_versions.generation()
+    token_versions.invalidate(session_id="s1")  # (a revocation while the sweep reads)
+    token_versions.remember({}, {"s1": 28}, read_since=read_since)
+    version = asyncio.create_task(version_of("s1"))
+    await reads.wait_started()  # a cache miss: the check reads the version again
+    reads.release(0, 29)
+    assert await asyncio.wait_for(version, DEADLINE_S) == 29
+    token_versions.remember({}, {"s2": 3}, read_since=token_versions.generation())
+    assert await version_of("s2") == 3  # no revocation since: cached, no read
+    assert reads.started == 1
