@@ -25,6 +25,7 @@ read's answer out of the cache.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ _cache: dict[tuple[str, Any], tuple[float, Any]] = {}
 # The same keys -> the read under way on the event loop, shared by concurrent misses.
 _reading: dict[tuple[str, Any], asyncio.Task[Any]] = {}
 # Invalidations so far: a read that began before one must not cache what it read.
+# (``next`` on a count is atomic: invalidations may come from several threads.)
+_invalidations = itertools.count(1)
 _generation = 0
 
 
@@ -87,7 +90,7 @@ def generation() -> int:
 def clear_cache() -> None:
     """Forget every cached version (tests; never needed in a server)."""
     global _generation
-    _generation += 1
+    _generation = next(_invalidations)
     _cache.clear()
     _reading.clear()
 
@@ -95,7 +98,7 @@ def clear_cache() -> None:
 def invalidate(*, user_id: int | None = None, session_id: str | None = None) -> None:
     """Drop the cached entries of ``user_id`` and ``session_id`` (a revocation). Never raises."""
     global _generation
-    _generation += 1
+    _generation = next(_invalidations)
     if user_id is not None:
         _cache.pop(("u", user_id), None)
         _reading.pop(("u", user_id), None)
