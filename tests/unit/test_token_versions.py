@@ -1,5 +1,11 @@
 """The token version cache (sessions.token_versions): concurrent misses share one read,
-and an invalidation during a read keeps that read's answer out of the cache."""
+and an invalidation during a read keeps that read's answer out of the cache
+(docs/protocol.md, "Revocation": no revoked token is accepted once the revocation
+returned in the process that revoked).
+
+Tasks created before ``wait_started`` have all reached their await when it returns: the
+loop runs them (first in its ready queue) before the worker thread's answer comes back.
+"""
 
 from __future__ import annotations
 
@@ -70,7 +76,6 @@ async def version_of(session_id: str) -> int | None:
 async def test_concurrent_misses_of_one_session_share_one_read(reads: GatedReads) -> None:
     waiters = [asyncio.create_task(version_of("s1")) for _ in range(20)]
     await reads.wait_started()
-    await asyncio.sleep(0)  # (every waiter has run up to its await)
     reads.release(0, 3)
     assert await asyncio.wait_for(asyncio.gather(*waiters), DEADLINE_S) == [3] * 20
     assert reads.started == 1
@@ -85,7 +90,6 @@ async def test_an_invalidation_during_a_read_starts_a_new_read_and_keeps_the_old
     await reads.wait_started()
     token_versions.invalidate(session_id="s1")  # (a revocation while the read runs)
     after = asyncio.create_task(version_of("s1"))
-    await asyncio.sleep(0)
     reads.release(0, 4)
     assert await asyncio.wait_for(before, DEADLINE_S) == 4
     await reads.wait_started()
@@ -100,9 +104,8 @@ async def test_a_cancelled_caller_leaves_the_shared_read_to_the_others(
     reads: GatedReads,
 ) -> None:
     first = asyncio.create_task(version_of("s1"))
-    await reads.wait_started()
     second = asyncio.create_task(version_of("s1"))
-    await asyncio.sleep(0)
+    await reads.wait_started()  # (both wait on the one read now)
     first.cancel()
     reads.release(0, 7)
     assert await asyncio.wait_for(second, DEADLINE_S) == 7
