@@ -26,10 +26,17 @@ Concurrency model and cost
     loop (:meth:`Recorder.run`, started by :mod:`sessions.ops.lifecycle` when the server's
     loop is attached) writes the pending batch through ``database_sync_to_async``:
     every ``RECORDS_FLUSH_INTERVAL_S`` seconds when something is pending, at once when
-    ``RECORDS_BATCH_SIZE`` changes are pending, and at shutdown. One write is one
-    transaction of two bulk statements. Writes are idempotent upserts keyed by ids made
-    in memory (UUIDs), so a batch whose outcome is unknown (a failed or cancelled write)
-    is simply put back and written again.
+    ``RECORDS_BATCH_SIZE`` rows to upsert or insert are pending, and at shutdown.
+    A connection whose row is already written and whose counters alone moved is not a
+    row to upsert: its ``frames_sent`` and ``bytes_sent`` go out with the next timed
+    write as one ``UPDATE`` (``executemany``), at most one per open connection, and they
+    never trigger a write early. One write is one transaction: the upserts of whole
+    rows, the inserts of incidents, the counter updates. An upsert through the ORM costs
+    about 100–150 µs per row, a counter update about 6–8 µs
+    (docs/benchmarks.md, "The operator records at 4,000 open streams"). Writes are
+    idempotent (upserts keyed by ids made in memory, UUIDs; updates of absolute
+    values), so a batch whose outcome is unknown (a failed or cancelled write) is
+    simply put back and written again.
 
 Losing nothing on a clean shutdown
     See :mod:`sessions.ops.lifecycle`: the server's shutdown path waits (bounded) for the
@@ -49,7 +56,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from sessions.bus import Frame
@@ -110,6 +118,9 @@ class ConnectionRecord(ConnectionObserver):
     end_detail: str = ""
     end_payload: str = ""
     evictions_written: int = 0
+    row_written: bool = field(default=False, repr=False)
+    """The database holds this record's row as it is, but for the counters: set once a
+    write of the whole row committed, cleared when anything but the counters changes."""
 
     @property
     def id(self) -> uuid.UUID:
@@ -161,6 +172,7 @@ class ConnectionRecord(ConnectionObserver):
         if self.closed_at is not None:
             return
         self.closed_at = timezone.now()
+        self.row_written = False
         self.end_reason = reason
         if detail:
             self.end_detail = detail[:200]
@@ -184,6 +196,7 @@ class ConnectionRecord(ConnectionObserver):
 
     def _special_frame(self, frame_type: str, payload: str, data: dict[str, Any]) -> None:
         if frame_type in _TERMINAL_TYPES:
+            self.row_written = False
             self.end_payload = payload
             detail = data.get("reason") or data.get("code") or data.get("error") or ""
             self.end_detail = str(detail)[:200]
@@ -221,22 +234,26 @@ class ConnectionRecord(ConnectionObserver):
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """What one flush writes: connection rows (upserted whole) and new incident rows."""
+    """What one flush writes: connection rows (upserted whole), new incident rows, and
+    ``(id, frames_sent, bytes_sent)`` of connections whose rows are written already."""
 
     connections: list[dict[str, Any]]
     incidents: list[dict[str, Any]]
+    counters: list[tuple[uuid.UUID, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.connections) + len(self.incidents)
+        return len(self.connections) + len(self.incidents) + len(self.counters)
 
 
 def write_batch(batch: Batch) -> None:
     """Write ``batch`` in one transaction (sync; a worker thread or the exiting main thread).
 
     Connections are upserted by id (insert, or update the counters and the end of an
-    existing row); incidents are inserted, ignoring ids already present. So writing the
-    same batch twice changes nothing. Rows of sessions deleted meanwhile are dropped.
-    Raises whatever the database raises (nothing is then committed).
+    existing row); incidents are inserted, ignoring ids already present; counters are
+    set on the rows that exist (one ``UPDATE`` per row, sent as one ``executemany``). So
+    writing the same batch twice changes nothing. Rows of sessions deleted meanwhile are
+    dropped (a counter update then matches no row). Raises whatever the database raises
+    (nothing is then committed).
     """
     session_ids = {row["session_id"] for row in batch.connections} | {
         row["session_id"] for row in batch.incidents
@@ -259,9 +276,38 @@ def write_batch(batch: Batch) -> None:
             SubscriberIncident(**row) for row in batch.incidents if row["session_id"] in existing
         ]
         SubscriberIncident.objects.bulk_create(incidents, batch_size=500, ignore_conflicts=True)
+        if batch.counters:
+            _update_counters(batch.counters)
     dropped = len(batch) - len(connections) - len(incidents)
     if dropped:
         logger.info("records_dropped rows=%d reason=session_deleted", dropped)
+
+
+def _update_counters(counters: Sequence[tuple[uuid.UUID, int, int]]) -> None:
+    """Set ``frames_sent`` and ``bytes_sent`` of existing connection rows, in the caller's
+    transaction. The ORM's ``bulk_update`` (a ``CASE`` per column) took about 600 µs per
+    row at 4,000 rows, a ``filter().update()`` per row about 200 µs; one ``executemany``
+    of a plain ``UPDATE`` takes 6–8 µs."""
+    meta = SubscriberConnection._meta
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        field = meta.get_field(name)
+        assert isinstance(field, Field)
+        assert field.column is not None
+        return quote(field.column)
+
+    pk = meta.get_field("id")
+    assert isinstance(pk, Field)
+    sql = (  # names from the model's metadata, quoted; values are parameters
+        f"UPDATE {quote(meta.db_table)} SET {column('frames_sent')} = %s, "  # noqa: S608
+        f"{column('bytes_sent')} = %s WHERE {column('id')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            sql,
+            [(f, b, pk.get_db_prep_value(i, connection)) for i, f, b in counters],
+        )
 
 
 Writer = Callable[[Batch], Awaitable[None]]
@@ -294,6 +340,8 @@ class Recorder(Listener):
         self._batch_size = batch_size
         self._open: dict[uuid.UUID, ConnectionRecord] = {}
         self._dirty: dict[uuid.UUID, ConnectionRecord | _Snapshot] = {}
+        # Connections whose rows are written, with counters moved since (no early write).
+        self._counters: dict[uuid.UUID, ConnectionRecord] = {}
         self._incidents: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -315,8 +363,9 @@ class Recorder(Listener):
 
     @property
     def pending(self) -> int:
-        """Changes waiting for the next write (dirty connections + new incidents)."""
-        return len(self._dirty) + len(self._incidents)
+        """Changes waiting for the next write (connections to upsert, connections whose
+        counters moved, new incidents)."""
+        return len(self._dirty) + len(self._counters) + len(self._incidents)
 
     @property
     def open_connections(self) -> int:
@@ -331,11 +380,21 @@ class Recorder(Listener):
         self.mark(record)
 
     def mark(self, record: ConnectionRecord) -> None:
-        """Note that ``record`` changed; wake the writer when the batch is full."""
-        if record.id not in self._dirty:
-            self._dirty[record.id] = record
-            if self.pending >= self.batch_size:
-                self._wake_writer()
+        """Note that ``record`` changed; wake the writer when the batch is full.
+
+        A record whose row is written and whose counters alone moved waits for the next
+        timed write: it never fills the batch (at most one entry per open connection).
+        """
+        key = record.info.id
+        if key in self._dirty:
+            return
+        if record.row_written:
+            self._counters[key] = record
+            return
+        self._counters.pop(key, None)
+        self._dirty[key] = record
+        if len(self._dirty) + len(self._incidents) >= self.batch_size:
+            self._wake_writer()
 
     def incident(self, record: ConnectionRecord, row: dict[str, Any]) -> None:
         """Queue one incident row."""
@@ -343,7 +402,7 @@ class Recorder(Listener):
         if len(self._incidents) > MAX_PENDING_INCIDENTS:
             del self._incidents[0]
             logger.error("records_overflow dropped=1 kind=%s", row["kind"])
-        if self.pending >= self.batch_size:
+        if len(self._dirty) + len(self._incidents) >= self.batch_size:
             self._wake_writer()
 
     def connection_closed(self, record: ConnectionRecord) -> None:
@@ -439,7 +498,7 @@ class Recorder(Listener):
         """
         lock = self._lock or asyncio.Lock()
         async with lock:
-            batch = self._take()
+            batch, whole = self._take()
             if not batch:
                 return 0
             try:
@@ -457,6 +516,7 @@ class Recorder(Listener):
                     exc,
                 )
                 return 0
+            self._written(whole)
             self.flushes += 1
             return len(batch)
 
@@ -485,7 +545,7 @@ class Recorder(Listener):
         returns 0 on a database error.
         """
         self.close_all(SubscriberConnection.EndReason.SERVER_SHUTDOWN.value, "open at exit")
-        batch = self._take()
+        batch, whole = self._take()
         if not batch:
             return 0
         try:
@@ -498,6 +558,7 @@ class Recorder(Listener):
                 exc,
             )
             return 0
+        self._written(whole)
         self.flushes += 1
         return len(batch)
 
@@ -508,13 +569,26 @@ class Recorder(Listener):
         self._task = self._loop = self._wake = self._all_closed = self._lock = None
         self._open.clear()
         self._dirty.clear()
+        self._counters.clear()
         self._incidents.clear()
 
-    def _take(self) -> Batch:
-        batch = Batch([r.row() for r in self._dirty.values()], self._incidents)
-        self._dirty = {}
-        self._incidents = []
-        return batch
+    def _take(self) -> tuple[Batch, list[ConnectionRecord]]:
+        """The batch to write now, and the records whose whole rows it holds."""
+        whole = [r for r in self._dirty.values() if isinstance(r, ConnectionRecord)]
+        batch = Batch(
+            [r.row() for r in self._dirty.values()],
+            self._incidents,
+            [(r.info.id, r.frames_sent, r.bytes_sent) for r in self._counters.values()],
+        )
+        self._dirty, self._counters, self._incidents = {}, {}, []
+        return batch, whole
+
+    def _written(self, whole: list[ConnectionRecord]) -> None:
+        """The rows of ``whole`` committed: their counters alone go out from now on,
+        unless a newer whole row is pending already (it changed during the write)."""
+        for record in whole:
+            if record.info.id not in self._dirty:
+                record.row_written = True
 
     def _put_back(self, batch: Batch) -> None:
         for row in batch.connections:
@@ -523,6 +597,12 @@ class Recorder(Listener):
             record = self._open.get(row["id"])
             # A record closed before the snapshot is no longer in memory: keep the snapshot.
             self._dirty[row["id"]] = record if record is not None else _Snapshot(row)
+            self._counters.pop(row["id"], None)
+        for key, _, _ in batch.counters:
+            record = self._open.get(key)
+            # Closed since: its whole row (final counters included) is pending already.
+            if record is not None and key not in self._dirty:
+                self._counters.setdefault(key, record)
         self._incidents[:0] = batch.incidents
         del self._incidents[: max(0, len(self._incidents) - MAX_PENDING_INCIDENTS)]
 

@@ -282,6 +282,19 @@ async def test_rows_of_a_deleted_session_are_dropped_not_failed(make_session):
     assert [row.session_id async for row in SubscriberConnection.objects.all()] == [kept]
 
 
+async def test_counters_of_written_rows_are_updated_and_only_they(make_session):
+    kept, deleted = await make_session(), await make_session()
+    first, second = _connection(kept, frames_sent=1), _connection(deleted, frames_sent=1)
+    await database_sync_to_async(write_batch)(Batch([first, second], []))
+    await AgentSession.objects.filter(pk=deleted).adelete()  # its rows go with it
+    counters = Batch([], [], [(first["id"], 7, 700), (second["id"], 7, 700)])
+    await database_sync_to_async(write_batch)(counters)
+    await database_sync_to_async(write_batch)(counters)  # the same again: no change
+    (row,) = [row async for row in SubscriberConnection.objects.all()]
+    assert (row.id, row.frames_sent, row.bytes_sent) == (first["id"], 7, 700)
+    assert (row.subject, row.end_reason, row.closed_at) == (first["subject"], "", None)
+
+
 # -- a clean shutdown loses nothing (sessions.ops.lifecycle) --------------------------------------
 
 

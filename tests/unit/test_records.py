@@ -62,6 +62,9 @@ class FakeWriter:
     def incidents(self) -> list[dict[str, Any]]:
         return [row for batch in self.batches for row in batch.incidents]
 
+    def counters(self) -> list[tuple[uuid.UUID, int, int]]:
+        return [row for batch in self.batches for row in batch.counters]
+
 
 def open_record(recorder: Recorder, session_id: str = "s-1") -> ConnectionRecord:
     info = ConnectionInfo(
@@ -162,9 +165,19 @@ async def test_flush_writes_one_batch_and_empties_the_queue(recorder, writer):
 async def test_an_open_connection_is_written_again_when_it_changes(recorder, writer):
     record = open_record(recorder)
     await recorder.flush()
-    write(record, NOTE)
+    write(record, NOTE, wire_bytes=100)
     await recorder.flush()
-    assert [row["frames_sent"] for row in writer.connections()] == [0, 1]
+    # The whole row once; then only its counters (the row is written already).
+    assert [row["frames_sent"] for row in writer.connections()] == [0]
+    assert writer.counters() == [(record.id, 1, 100)]
+    record.closed("client_disconnect")
+    await recorder.flush()
+    # Its end changes more than the counters: the whole row again, final counters in it.
+    assert [(row["frames_sent"], row["end_reason"]) for row in writer.connections()] == [
+        (0, ""),
+        (1, "client_disconnect"),
+    ]
+    assert len(writer.counters()) == 1
 
 
 async def test_a_full_batch_wakes_the_writer_at_once(writer):
@@ -176,6 +189,45 @@ async def test_a_full_batch_wakes_the_writer_at_once(writer):
         await writer.written.wait()
     assert len(writer.connections()) == 3
     recorder.discard()
+
+
+async def test_counters_alone_never_fill_the_batch(writer):
+    recorder = Recorder(writer=writer, flush_interval_s=3600, batch_size=3)
+    records = [open_record(recorder) for _ in range(2)]
+    assert await recorder.flush() == 2
+    recorder.start(asyncio.get_running_loop())
+    for _ in range(5):
+        for record in records:
+            write(record, NOTE)
+    assert recorder.pending == 2  # one entry per open connection, however many sends
+    third = open_record(recorder)  # a row to insert: with the counters, not yet 3 rows
+    assert recorder.pending == 3
+    assert recorder._wake is not None
+    assert not recorder._wake.is_set()  # the writer was not woken early
+    write(third, NOTE)
+    open_record(recorder)  # two rows to insert, and a third: the batch is full
+    open_record(recorder)
+    async with asyncio.timeout(2):
+        while len(writer.batches) < 2:
+            writer.written.clear()
+            await writer.written.wait()
+    last = writer.batches[1]
+    assert len(last.connections) == 3
+    assert sorted(frames for _, frames, _ in last.counters) == [5, 5]
+    recorder.discard()
+
+
+async def test_counters_of_a_failed_write_are_put_back_and_not_written_twice(recorder, writer):
+    record = open_record(recorder)
+    await recorder.flush()
+    write(record, NOTE, wire_bytes=100)
+    writer.fail = True
+    assert await recorder.flush() == 0
+    assert recorder.pending == 1
+    write(record, NOTE, wire_bytes=100)  # changed again meanwhile: one entry, newest values
+    writer.fail = False
+    assert await recorder.flush() == 1
+    assert writer.counters() == [(record.id, 2, 200)]
 
 
 async def test_the_timer_flushes_what_is_pending(writer):
