@@ -15,7 +15,13 @@ from typing import Any
 
 from sessions.bus import BusStats, EventBus, Subscription
 
-__all__ = ["make_report", "merge_reports", "stats_to_json", "subscriber_row"]
+__all__ = [
+    "make_report",
+    "merge_reports",
+    "stats_to_json",
+    "subscriber_lag",
+    "subscriber_row",
+]
 
 
 def subscriber_row(
@@ -33,12 +39,6 @@ def subscriber_row(
     """
     queue = subscription.statistics()
     details: Mapping[str, Any] = subscription.details or {}
-    last_sent = subscription.last_event_id
-    head = bus.last_event_id
-    behind_from = last_sent if last_sent is not None else bus.start_id - 1
-    lag = head - behind_from
-    if bus.gap is not None and behind_from <= bus.gap[0] < head:
-        lag -= bus.gap[1] - bus.gap[0] - 1
     return {
         "id": subscription.label,
         "process": process,
@@ -47,12 +47,25 @@ def subscriber_row(
         "address": str(details.get("address", "")),
         "transport": str(details.get("transport", "sse")),
         "since": subscription.since,
-        "lastEventId": last_sent,
-        "lag": max(0, lag),
+        "lastEventId": subscription.last_event_id,
+        "lag": subscriber_lag(bus, subscription),
         "queuedFrames": queue.live_count + queue.forced_count,
         "queuedBytes": queue.live_bytes,
         "bytesPerSecond": bytes_per_second,
     }
+
+
+def subscriber_lag(bus: EventBus, subscription: Subscription) -> int:
+    """Events ``subscription`` is behind the head of ``bus`` (>= 0): those after the last
+    it was sent (or all the bus holds, before any), less a forked epoch's gap. Never
+    raises."""
+    last_sent = subscription.last_event_id
+    head = bus.last_event_id
+    behind_from = last_sent if last_sent is not None else bus.start_id - 1
+    lag = head - behind_from
+    if bus.gap is not None and behind_from <= bus.gap[0] < head:
+        lag -= bus.gap[1] - bus.gap[0] - 1
+    return max(0, lag)
 
 
 def stats_to_json(stats: BusStats) -> dict[str, Any]:

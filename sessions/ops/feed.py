@@ -13,7 +13,7 @@ Events on the channel (SSE ``event:`` types; ``data`` is JSON):
   "ringSize", "peakSubscribers", "maxLag"}]}`` for every session loaded in this process:
   each second (``tick`` true: a point of the plots) and right after any activity (false).
   ``maxLag`` is the worst subscriber's lag (events behind the head, as
-  :func:`~sessions.backends.base.subscriber_row` counts it; 0 without subscribers).
+  :func:`~sessions.backends.reports.subscriber_lag` counts it; 0 without subscribers).
   With the Redis backend: every session loaded in any live server process, its figures
   summed over them (:func:`Backend.cluster_stats`), so every process's
   dashboards show the same totals.
@@ -74,7 +74,7 @@ from django_eventstream.views import get_listener_manager
 from sessions.auth import is_operator
 from sessions.backends import get_backend
 from sessions.backends.base import Backend, BackendUnavailableError
-from sessions.backends.reports import subscriber_row
+from sessions.backends.reports import subscriber_lag
 from sessions.bus import BusStats, Frame
 from sessions.hooks import ConnectionInfo, ConnectionObserver, Listener
 from sessions.models import AgentSession
@@ -169,7 +169,7 @@ def max_lags(backend: Backend, others: Sequence[Mapping[str, Any]]) -> dict[str,
     lags: dict[str, int] = {}
     for live in backend.registry.values():
         for subscription in live.bus.subscriptions():
-            lag = subscriber_row(backend.process_id, live.bus, subscription)["lag"]
+            lag = subscriber_lag(live.bus, subscription)
             lags[live.session_id] = max(lags.get(live.session_id, 0), lag)
     for report in others:
         for sid, rows in (report.get("subscribers") or {}).items():
