@@ -56,6 +56,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
@@ -245,6 +246,9 @@ class Batch:
         return len(self.connections) + len(self.incidents) + len(self.counters)
 
 
+_NO_USER: Final = {"user_id": None}
+
+
 def write_batch(batch: Batch) -> None:
     """Write ``batch`` in one transaction (sync; a worker thread or the exiting main thread).
 
@@ -252,16 +256,24 @@ def write_batch(batch: Batch) -> None:
     existing row); incidents are inserted, ignoring ids already present; counters are
     set on the rows that exist (one ``UPDATE`` per row, sent as one ``executemany``). So
     writing the same batch twice changes nothing. Rows of sessions deleted meanwhile are
-    dropped (a counter update then matches no row). Raises whatever the database raises
-    (nothing is then committed).
+    dropped (a counter update then matches no row); a connection of a user deleted before
+    its row was first written is written without its user. Raises whatever the database
+    raises (nothing is then committed).
     """
     session_ids = {row["session_id"] for row in batch.connections} | {
         row["session_id"] for row in batch.incidents
     }
+    user_ids = {row["user_id"] for row in batch.connections if row["user_id"] is not None}
     with transaction.atomic():
         existing = set(AgentSession.objects.filter(pk__in=session_ids).values_list("pk", flat=True))
+        # A user deleted before the row's first write: no user, as the foreign key's
+        # SET_NULL leaves the rows written before (an insert naming it would fail the
+        # whole batch, and every retry of it).
+        users = set(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", flat=True))
         connections = [
-            SubscriberConnection(**row)
+            SubscriberConnection(
+                **(row if row["user_id"] is None or row["user_id"] in users else row | _NO_USER)
+            )
             for row in batch.connections
             if row["session_id"] in existing
         ]
@@ -278,7 +290,7 @@ def write_batch(batch: Batch) -> None:
         SubscriberIncident.objects.bulk_create(incidents, batch_size=500, ignore_conflicts=True)
         if batch.counters:
             _update_counters(batch.counters)
-    dropped = len(batch) - len(connections) - len(incidents)
+    dropped = len(batch.connections) + len(batch.incidents) - len(connections) - len(incidents)
     if dropped:
         logger.info("records_dropped rows=%d reason=session_deleted", dropped)
 
@@ -324,8 +336,9 @@ class Recorder(Listener):
         writer: ``async writer(batch)``; default :func:`write_batch` in a worker thread.
         flush_interval_s: seconds between timed flushes; default the
             ``RECORDS_FLUSH_INTERVAL_S`` setting (read when :meth:`run` starts).
-        batch_size: pending changes that trigger a flush at once; default the
-            ``RECORDS_BATCH_SIZE`` setting.
+        batch_size: rows to insert or upsert (connections, incidents) that trigger a
+            flush at once; default the ``RECORDS_BATCH_SIZE`` setting. Counter updates
+            never do.
     """
 
     def __init__(
@@ -387,6 +400,8 @@ class Recorder(Listener):
         """
         key = record.info.id
         if key in self._dirty:
+            if isinstance(self._dirty[key], _Snapshot):  # put back after a failed write
+                self._dirty[key] = record  # the record's newer state, not the snapshot
             return
         if record.row_written:
             self._counters[key] = record
@@ -584,10 +599,13 @@ class Recorder(Listener):
         return batch, whole
 
     def _written(self, whole: list[ConnectionRecord]) -> None:
-        """The rows of ``whole`` committed: their counters alone go out from now on,
-        unless a newer whole row is pending already (it changed during the write)."""
+        """The rows of ``whole`` committed: the counters alone of those still open go out
+        from now on, unless a newer whole row is pending already (it changed during the
+        write)."""
         for record in whole:
-            if record.info.id not in self._dirty:
+            key = record.info.id
+            # A closed record stays on the whole-row path (a put-back of it is a snapshot).
+            if key in self._open and key not in self._dirty:
                 record.row_written = True
 
     def _put_back(self, batch: Batch) -> None:

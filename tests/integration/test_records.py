@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -293,6 +294,28 @@ async def test_counters_of_written_rows_are_updated_and_only_they(make_session):
     (row,) = [row async for row in SubscriberConnection.objects.all()]
     assert (row.id, row.frames_sent, row.bytes_sent) == (first["id"], 7, 700)
     assert (row.subject, row.end_reason, row.closed_at) == (first["subject"], "", None)
+
+
+async def test_counter_updates_are_not_logged_as_dropped_rows(make_session, caplog):
+    sid = await make_session()
+    row = _connection(sid)
+    await database_sync_to_async(write_batch)(Batch([row], []))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qwenweb.records"):
+        await database_sync_to_async(write_batch)(Batch([], [], [(row["id"], 3, 300)]))
+    assert [r.getMessage() for r in caplog.records if "records_dropped" in r.getMessage()] == []
+
+
+async def test_a_user_deleted_before_the_first_write_does_not_fail_the_batch(
+    make_session, make_user
+):
+    user = await make_user("gone")
+    sid = await make_session()
+    other, row = _connection(sid), _connection(sid, auth="login", user_id=user.pk)
+    await user.adelete()
+    await database_sync_to_async(write_batch)(Batch([other, row], []))
+    written = {r.id: r.user_id async for r in SubscriberConnection.objects.all()}
+    assert written == {other["id"]: None, row["id"]: None}
 
 
 # -- a clean shutdown loses nothing (sessions.ops.lifecycle) --------------------------------------

@@ -230,6 +230,47 @@ async def test_counters_of_a_failed_write_are_put_back_and_not_written_twice(rec
     assert writer.counters() == [(record.id, 2, 200)]
 
 
+async def test_counters_moved_after_a_close_survive_a_failed_write(recorder, writer):
+    # drain(): close_all() closes a stream still running and the flush writes its closed
+    # row; the stream then writes a heartbeat before it ends, and the next write fails.
+    record = open_record(recorder)
+    recorder.close_all("server_shutdown", "open at shutdown")
+    assert await recorder.flush() == 1
+    record.bytes_written(7)
+    writer.fail = True
+    assert await recorder.flush() == 0
+    assert recorder.pending == 1
+    writer.fail = False
+    assert await recorder.flush() == 1
+    assert writer.connections()[-1]["bytes_sent"] == 7
+
+
+async def test_counters_moved_while_a_closed_row_is_put_back_are_written(recorder, writer):
+    record = open_record(recorder)
+    recorder.close_all("server_shutdown", "open at shutdown")
+    writer.fail = True
+    assert await recorder.flush() == 0  # the closed row is put back as it was
+    record.bytes_written(7)
+    writer.fail = False
+    assert await recorder.flush() == 1
+    assert writer.connections()[-1]["bytes_sent"] == 7
+
+
+async def test_a_whole_row_in_flight_then_counters_writes_the_whole_row_again(recorder, writer):
+    record = open_record(recorder)
+    writer.gate = asyncio.Event()
+    flushing = asyncio.create_task(recorder.flush())
+    await asyncio.sleep(0)  # one step: the flush takes the batch and waits in the writer
+    write(record, NOTE)
+    writer.gate.set()
+    await flushing
+    writer.gate = None
+    assert not record.row_written  # a newer whole row is pending
+    await recorder.flush()
+    assert [row["frames_sent"] for row in writer.connections()] == [0, 1]
+    assert writer.counters() == []
+
+
 async def test_the_timer_flushes_what_is_pending(writer):
     recorder = Recorder(writer=writer, flush_interval_s=0.01, batch_size=1000)
     recorder.start(asyncio.get_running_loop())
