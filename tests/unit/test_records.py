@@ -47,8 +47,10 @@ class FakeWriter:
         self.fail = False
         self.gate: asyncio.Event | None = None
         self.written = asyncio.Event()
+        self.entered = asyncio.Event()  # a write has the batch (it may wait at the gate)
 
     async def __call__(self, batch: Batch) -> None:
+        self.entered.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:
@@ -260,7 +262,8 @@ async def test_a_whole_row_in_flight_then_counters_writes_the_whole_row_again(re
     record = open_record(recorder)
     writer.gate = asyncio.Event()
     flushing = asyncio.create_task(recorder.flush())
-    await asyncio.sleep(0)  # one step: the flush takes the batch and waits in the writer
+    async with asyncio.timeout(2):  # the flush took the batch and waits in the writer
+        await writer.entered.wait()
     write(record, NOTE)
     writer.gate.set()
     await flushing
@@ -307,7 +310,8 @@ async def test_a_cancelled_write_is_put_back(recorder, writer):
     open_record(recorder)
     writer.gate = asyncio.Event()
     flushing = asyncio.create_task(recorder.flush())
-    await asyncio.sleep(0)  # one step: the flush takes the batch and waits in the writer
+    async with asyncio.timeout(2):  # the flush took the batch and waits in the writer
+        await writer.entered.wait()
     flushing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await flushing
